@@ -1,0 +1,184 @@
+"""Temperature, top-k and top-p in one Triton kernel, without sorting.
+
+Kernel for `minispec.spec.sampling.sampling_probs`, with the same signature and the same kept sets.
+
+One program owns one row of logits and streams it in BLOCK-wide chunks, so any vocabulary size
+works (V = 262,144 included) without holding the row in registers. Sorting a row that long for every
+token is what makes naive top-k / top-p slow; here both cut-offs are thresholds found by bisection:
+
+    top-k: the largest t with  count(z >= t) >= k     is exactly the k-th largest z;
+    top-p: the smallest t with mass(p > t) < top_p    keeps exactly the tokens i whose strictly
+           more likely tokens hold mass < top_p (the reference's rule, see top_p_mask).
+
+The bisection runs over integers, not floats. Reading a float32's bits as an int32 and flipping the
+magnitude bits of negative numbers gives a map that keeps the order (a < b iff key(a) < key(b)), so
+at most 32 halvings of the int32 range land on one exact float: the threshold equals what the
+reference's sort finds, bit for bit. Each halving is one pass over the row (a count or a sum), so a
+row is read about 70 times; it stays in L2, and nothing is sorted.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from minispec.spec.sampling import check_logits, check_sampling_args
+
+MAX_BLOCK = 1024
+
+
+@triton.jit
+def _ordered_key(x):
+    """float32 -> int32 with the same order. -0.0 and +0.0 compare equal, so they share a key."""
+    bits = x.to(tl.int32, bitcast=True)
+    # Negative floats: larger magnitude must mean smaller key, so flip every bit but the sign.
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return tl.where(x == 0.0, 0, key)
+
+
+@triton.jit
+def _scaled_logits(row_ptr, cols, V, temperature):
+    """z = logits / temperature for one chunk of columns; -inf past the end of the row."""
+    x = tl.load(row_ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+    # Correctly rounded division, as torch does on CPU: z decides which tokens tie at the top-k
+    # boundary. (A plain `/` on fp32 may compile to a faster approximate division.)
+    return tl.math.div_rn(x, temperature)
+
+
+@triton.jit
+def _row_max(row_ptr, V, temperature, BLOCK: tl.constexpr):
+    """The largest z in the row, and the first column that holds it."""
+    best = tl.full([], float("-inf"), tl.float32)
+    best_col = tl.full([], 0, tl.int32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        z = _scaled_logits(row_ptr, cols, V, temperature)
+        chunk_best = tl.max(z, axis=0)
+        chunk_col = tl.min(tl.where(z == chunk_best, cols, V), axis=0)
+        # Strictly greater: on a tie between chunks the earlier column wins, as in torch.argmax.
+        best_col = tl.where(chunk_best > best, chunk_col, best_col)
+        best = tl.maximum(best, chunk_best)
+    return best, best_col
+
+
+@triton.jit
+def _count_at_least(row_ptr, V, temperature, t, BLOCK: tl.constexpr):
+    """How many tokens of the row have key(z) >= t."""
+    count = tl.zeros([], tl.int32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        z = _scaled_logits(row_ptr, cols, V, temperature)
+        count += tl.sum(((cols < V) & (_ordered_key(z) >= t)).to(tl.int32), axis=0)
+    return count
+
+
+@triton.jit
+def _kth_largest_key(row_ptr, V, temperature, k, z_max, BLOCK: tl.constexpr):
+    """key of the k-th largest z: the largest t with count(key >= t) >= k."""
+    # Invariant: count(>= lo) >= k (every key is >= INT32_MIN) and count(>= hi) < k (nothing is
+    # above the max). int64, because hi - lo can exceed the int32 range.
+    lo = tl.full([], -2**31, tl.int64)
+    hi = _ordered_key(z_max).to(tl.int64) + 1
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        if _count_at_least(row_ptr, V, temperature, mid, BLOCK) >= k:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@triton.jit
+def _numerators(row_ptr, cols, V, temperature, k_key, z_max):
+    """exp(z - z_max) for the top-k survivors in one chunk, 0 for the rest: softmax before dividing."""
+    z = _scaled_logits(row_ptr, cols, V, temperature)
+    return tl.where(_ordered_key(z) >= k_key, tl.exp(z - z_max), 0.0)
+
+
+@triton.jit
+def _mass_above(row_ptr, V, temperature, k_key, z_max, denom, t, BLOCK: tl.constexpr):
+    """Total probability of the tokens with key(p) > t."""
+    mass = tl.zeros([], tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        p = _numerators(row_ptr, cols, V, temperature, k_key, z_max) / denom
+        mass += tl.sum(tl.where(_ordered_key(p) > t, p, 0.0), axis=0)
+    return mass
+
+
+@triton.jit
+def _top_p_key(row_ptr, V, temperature, k_key, z_max, denom, top_p, BLOCK: tl.constexpr):
+    """The smallest t with mass(key(p) > t) < top_p; the tokens with key(p) >= t are the nucleus."""
+    # Invariant: mass(> hi) < top_p (no probability exceeds 1.0) and mass(> lo) >= top_p, which
+    # holds for the true probabilities at lo = -1 (the whole row) and is never evaluated anyway.
+    lo = tl.full([], -1, tl.int32)
+    hi = _ordered_key(tl.full([], 1.0, tl.float32))
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        if _mass_above(row_ptr, V, temperature, k_key, z_max, denom, mid, BLOCK) < top_p:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@triton.jit
+def _sampling_probs_kernel(logits_ptr, out_ptr, V, temperature, top_k, top_p,
+                           USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK: tl.constexpr):
+    # int64: row * V passes 2**31 for a large batch over a large vocabulary.
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * V
+    out_row = out_ptr + row * V
+
+    z_max, _ = _row_max(row_ptr, V, temperature, BLOCK)
+
+    # Top-k. Every key is >= INT32_MIN, so without top-k that threshold keeps every token.
+    k_key = tl.full([], -2**31, tl.int64)
+    if USE_TOP_K:
+        k_key = _kth_largest_key(row_ptr, V, temperature, top_k, z_max, BLOCK)
+
+    # Softmax denominator over the survivors. z_max always survives, so the sum is >= 1.
+    denom = tl.zeros([], tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        denom += tl.sum(_numerators(row_ptr, cols, V, temperature, k_key, z_max), axis=0)
+
+    # Top-p, then renormalise over the nucleus.
+    if USE_TOP_P:
+        p_key = _top_p_key(row_ptr, V, temperature, k_key, z_max, denom, top_p, BLOCK)
+        kept_mass = _mass_above(row_ptr, V, temperature, k_key, z_max, denom, p_key - 1, BLOCK)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        p = _numerators(row_ptr, cols, V, temperature, k_key, z_max) / denom
+        if USE_TOP_P:
+            p = tl.where(_ordered_key(p) >= p_key, p / kept_mass, 0.0)
+        tl.store(out_row + cols, p, mask=cols < V)
+
+
+@triton.jit
+def _one_hot_argmax_kernel(logits_ptr, out_ptr, V, BLOCK: tl.constexpr):
+    """Temperature 0: all the mass on the first argmax of the row."""
+    row = tl.program_id(0).to(tl.int64)
+    _, argmax = _row_max(logits_ptr + row * V, V, 1.0, BLOCK)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        tl.store(out_ptr + row * V + cols, (cols == argmax).to(tl.float32), mask=cols < V)
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> torch.Tensor:
+    """Same contract as the reference: logits [..., V] -> float32 probabilities [..., V]."""
+    check_sampling_args(temperature, top_k, top_p)
+    check_logits(logits)
+    V = logits.shape[-1]
+    rows = logits.reshape(-1, V).contiguous()
+    out = torch.empty(rows.shape, dtype=torch.float32, device=logits.device)
+    grid = (rows.shape[0],)
+    block = min(MAX_BLOCK, triton.next_power_of_2(V))
+    if temperature == 0:
+        _one_hot_argmax_kernel[grid](rows, out, V, BLOCK=block)
+    else:
+        _sampling_probs_kernel[grid](
+            rows, out, V, float(temperature), min(top_k or V, V), float(top_p or 1.0),
+            USE_TOP_K=top_k is not None and top_k < V, USE_TOP_P=top_p is not None and top_p < 1,
+            BLOCK=block,
+        )
+    return out.reshape(logits.shape)

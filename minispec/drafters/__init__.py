@@ -1,0 +1,30 @@
+"""Drafters: anything that implements the protocol in `minispec.drafters.base`."""
+from __future__ import annotations
+
+from minispec.drafters.base import Drafter, Proposal, Sampling
+from minispec.drafters.draft_lm import DraftLMDrafter
+from minispec.drafters.ngram import NGramDrafter
+
+# Shipped draft models: name -> the command that builds its folder under minispec/checkpoints/.
+DRAFT_MODELS = {"bolt-nano": "python -m minispec.targets.train bolt-nano"}
+
+
+def load_drafter(name_or_path, target, num_draft_tokens: int | None = None):
+    """A drafter for `target`: "ngram" (prompt lookup), a shipped draft model by name ("bolt-nano"),
+    or a local HF causal-LM folder used as a draft model."""
+    from transformers import AutoModelForCausalLM
+
+    from minispec.targets.load import resolve
+
+    kwargs = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
+    if name_or_path == "ngram":
+        return NGramDrafter(target.config.vocab_size, **kwargs)
+    folder = resolve(name_or_path, DRAFT_MODELS, kind="drafter", also=["ngram"])
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=target.dtype).eval()
+    if model.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"drafter {str(name_or_path)!r} has vocab size {model.config.vocab_size} but the target "
+                         f"has {target.config.vocab_size}: drafter and target must share one tokenizer")
+    return DraftLMDrafter(model, **kwargs)
+
+
+__all__ = ["DRAFT_MODELS", "DraftLMDrafter", "Drafter", "NGramDrafter", "Proposal", "Sampling", "load_drafter"]

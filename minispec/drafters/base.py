@@ -1,0 +1,47 @@
+"""The one small protocol every drafter implements, so one loop can drive them all.
+
+    begin(batch, target_out)         the prompt, and the target's prefill outputs over it
+    propose(last, k, sampling, gen)  K draft tokens after `last` (the newest emitted token),
+                                     with their draft distributions q, or None for argmax drafts
+    commit(accepted, tokens, target_out)
+                                     how many drafts each sequence accepted, the tokens it
+                                     emitted (accepted drafts, then the correction or bonus), and
+                                     the target's outputs over [last, d_1 .. d_K]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from minispec.spec.batch import PromptBatch
+from minispec.spec.target import TargetOutput
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Temperature / top-k / top-p, applied identically to target and draft distributions."""
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, K] draft tokens
+    q: torch.Tensor | None = None  # [B, K, V] the distributions they were sampled from; None = argmax drafts
+    lengths: torch.Tensor | None = None  # [B] row b proposes only its first lengths[b] tokens (ragged)
+
+
+class Drafter(Protocol):
+    vocab_size: int
+    num_draft_tokens: int  # K used when the caller does not choose
+    needs_hidden_states: bool  # ask the target for per-layer hidden states (DFlash taps, MTP)
+
+    def begin(self, batch: PromptBatch, target_out: TargetOutput) -> None: ...
+
+    def propose(self, last: torch.Tensor, k: int, sampling: Sampling,
+                generator: torch.Generator | None) -> Proposal: ...
+
+    def commit(self, accepted: torch.Tensor, tokens: torch.Tensor, target_out: TargetOutput) -> None: ...

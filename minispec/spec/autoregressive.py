@@ -1,0 +1,75 @@
+"""Autoregressive decoding with a KV cache: the baseline every speculative method must equal.
+
+One target forward per new token. Greedy output equals `model.generate(do_sample=False)` token for
+token; sampled output is reproducible under a seeded `torch.Generator`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from minispec.spec import sampling
+from minispec.spec.batch import as_prompt_batch, check_vocab_ids, position_ids
+
+
+@dataclass
+class Generation:
+    tokens: torch.Tensor  # [B, n] new tokens, padded with pad_token_id after a sequence ends
+    lengths: torch.Tensor  # [B] new tokens per sequence (an emitted EOS counts)
+
+
+def special_ids(model) -> tuple[int, int | None]:
+    """(pad id, eos id) from the model's generation config."""
+    gc = model.generation_config
+    eos = gc.eos_token_id[0] if isinstance(gc.eos_token_id, list) else gc.eos_token_id
+    pad = gc.pad_token_id if gc.pad_token_id is not None else model.config.pad_token_id
+    return (pad if pad is not None else 0), eos
+
+
+def check_generation_args(max_new_tokens: int, temperature: float, top_k, top_p) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    sampling.check_sampling_args(temperature, top_k, top_p)
+
+
+@torch.no_grad()
+def autoregressive_generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0,
+                            top_k: int | None = None, top_p: float | None = None,
+                            generator: torch.Generator | None = None) -> Generation:
+    """Decode `max_new_tokens` tokens (fewer if every sequence hits EOS).
+
+    input_ids: `[B, T]` LongTensor or a list of 1-D prompts of different lengths (left-padded here).
+    """
+    check_generation_args(max_new_tokens, temperature, top_k, top_p)
+    pad_id, eos_id = special_ids(model)
+    batch = as_prompt_batch(input_ids, pad_id)
+    check_vocab_ids(batch.input_ids, model.config.vocab_size)
+    mask = batch.attention_mask
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=batch.input_ids, attention_mask=mask, position_ids=position_ids(mask),
+                   cache=cache, logits_to_keep=1).logits[:, -1]
+
+    B = batch.size
+    finished = torch.zeros(B, dtype=torch.bool, device=mask.device)
+    new = []
+    for _ in range(max_new_tokens):
+        token = sampling.next_token(logits, temperature, top_k, top_p, generator)
+        token = token.masked_fill(finished, pad_id)
+        new.append(token)
+        if eos_id is not None:
+            finished |= token == eos_id
+        if finished.all() or len(new) == max_new_tokens:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        logits = model(input_ids=token[:, None], attention_mask=mask,
+                       position_ids=position_ids(mask)[:, -1:], cache=cache).logits[:, -1]
+
+    tokens = torch.stack(new, dim=1)
+    lengths = torch.full((B,), tokens.shape[1], dtype=torch.long)
+    if eos_id is not None:
+        is_eos = tokens == eos_id
+        first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, lengths)
+        lengths = first
+    return Generation(tokens, lengths)

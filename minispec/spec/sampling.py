@@ -1,0 +1,120 @@
+"""Temperature, top-k and top-p: the distribution a decoder draws its next token from.
+
+Every decoder in minispec (autoregressive decoding, speculative verification, the drafters) turns
+logits into probabilities here, so target and drafter always mean the same thing by "temperature
+0.7, top-p 0.9". Exact speculative sampling needs that: the rejection step preserves exactly the
+distribution `sampling_probs` returns.
+
+The order is temperature -> top-k -> top-p, as in Hugging Face's `generate` and in vLLM:
+  1. temperature reshapes the distribution, z = logits / temperature;
+  2. top-k keeps the k largest z. Dividing by a positive temperature keeps the order, so top-k keeps
+     the same tokens before or after it;
+  3. top-p keeps the most likely tokens up to mass top_p of softmax(z) over the top-k survivors. This
+     mass does depend on the temperature and on the cut already made, so top-p comes last: the
+     nucleus is taken from the very distribution that is sampled.
+top_k >= V and top_p = 1 change nothing, as in Hugging Face (which skips those warpers).
+
+The Triton kernel beside this reference (kernels/sampling.py) finds the same kept sets without
+sorting; `MINISPEC_BACKEND` picks between them (minispec/backend.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from minispec.backend import dispatch
+
+
+def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise ValueError naming the bad argument: temperature >= 0 and finite, top_k >= 1, top_p in (0, 1]."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature!r}")
+    if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
+        raise ValueError(f"top_k must be an int >= 1 or None, got {top_k!r}")
+    if top_p is not None and not (0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """Raise ValueError unless logits are usable: no NaN or +inf, and a finite value in every row.
+
+    -inf is allowed: it is how a token is masked out.
+    """
+    if logits.isnan().any() or logits.isposinf().any():
+        raise ValueError("non-finite logits: found NaN or +inf")
+    if (logits == -math.inf).all(dim=-1).any():
+        raise ValueError("non-finite logits: a row is -inf everywhere, so no token can be drawn")
+
+
+def top_k_mask(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Which tokens survive top-k: z >= the k-th largest z of the row (ties at the boundary survive).
+
+    z: [..., V] float. Returns bool [..., V]. k >= V keeps every token.
+    """
+    kth_largest = z.topk(min(k, z.shape[-1]), dim=-1).values[..., -1:]
+    return z >= kth_largest
+
+
+def top_p_mask(p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which tokens survive top-p: token i survives iff the mass of tokens strictly more likely than i
+    is < top_p.
+
+    p: [..., V] probabilities. Returns bool [..., V].
+    On distinct probabilities this is Hugging Face's rule (sort, cumulate, cut the tail of mass
+    <= 1 - top_p). It also treats equally likely tokens alike, always keeps the most likely token
+    (nothing is above it), and needs no sort, which is what lets the kernel avoid one. The reference
+    sorts anyway because that is the shortest way to compute it here.
+    """
+    descending = p.sort(dim=-1, descending=True).values
+    mass_before = F.pad(descending.cumsum(dim=-1)[..., :-1], (1, 0))  # mass ranked above each position
+    n_above = torch.searchsorted(-descending, -p)  # number of tokens strictly more likely than each token
+    return mass_before.gather(-1, n_above) < top_p
+
+
+@dispatch("sampling:sampling_probs")
+def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> torch.Tensor:
+    """The probabilities the next token is drawn from.
+
+    logits: [..., V], any float dtype. Returns float32 [..., V]; every row sums to 1.
+    Temperature 0 puts all the mass on the argmax (the first one on ties) and ignores top_k and top_p.
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    check_logits(logits)
+    if temperature == 0:
+        return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+
+    z = logits.float() / temperature
+    if top_k is not None:
+        z = z.masked_fill(~top_k_mask(z, top_k), -math.inf)
+    p = z.softmax(dim=-1)
+    if top_p is not None and top_p < 1:
+        p = p.masked_fill(~top_p_mask(p, top_p), 0.0)
+        p = p / p.sum(dim=-1, keepdim=True)
+    return p
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row drawn from probs [..., V]. Returns LongTensor [...]."""
+    rows = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(rows, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The most likely token (the first one on ties). logits [..., V] -> LongTensor [...]."""
+    check_logits(logits)
+    return logits.argmax(dim=-1)
+
+
+def next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The next token for each row of logits [..., V] -> LongTensor [...].
+
+    Temperature 0 is greedy and draws no random numbers, so it leaves `generator` untouched.
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    if temperature == 0:
+        return greedy(logits)
+    return sample(sampling_probs(logits, temperature, top_k, top_p), generator)

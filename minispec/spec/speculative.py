@@ -1,0 +1,110 @@
+"""The speculative decoding loop: draft K tokens, verify them in one target forward, repeat.
+
+    last = sample(target(prompt))                      # the first token, as in plain decoding
+    repeat:
+        d_1..d_K, q = drafter.propose(last)
+        p_1..p_{K+1} = target([last, d_1..d_K])        # one forward, K+1 distributions
+        a, tokens = verify(d, p, q)                     # exact: output ~ target's distribution
+        roll the target's cache back to [.., last, d_1..d_a]; last = tokens[a]
+
+τ (tokens per target forward) is what makes this pay: each cycle costs one target forward plus
+the drafting, and emits a + 1 tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from minispec.drafters.base import Drafter, Sampling
+from minispec.spec import sampling as smp
+from minispec.spec.autoregressive import Generation, check_generation_args, special_ids
+from minispec.spec.batch import as_prompt_batch, check_vocab_ids
+from minispec.spec.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token
+from minispec.spec.target import HFTarget
+from minispec.spec.verify import verify
+
+
+@dataclass
+class SpecGeneration(Generation):
+    stats: SpecStats = field(default_factory=SpecStats)
+
+
+def check_drafter(target_config, drafter: Drafter, k: int) -> None:
+    if drafter.vocab_size != target_config.vocab_size:
+        raise ValueError(f"drafter vocab size {drafter.vocab_size} != target vocab size {target_config.vocab_size}: "
+                         "drafter and target must share one tokenizer")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"the number of draft tokens K must be an int >= 1, got {k!r}")
+
+
+def cycle_records(cycle: int, active: list[int], drafts, lengths, p, q, res, emitted) -> list[CycleRecord]:
+    """Per active sequence, the tokens of this cycle with their fate and their p and q."""
+    records = []
+    for b in active:
+        a, K_b = int(res.accepted[b]), int(lengths[b])
+        toks = []
+        for k in range(K_b):
+            d = int(drafts[b, k])
+            toks.append(Token(d, ACCEPTED if k < a else REJECTED, float(p[b, k, d]),
+                              1.0 if q is None else float(q[b, k, d])))
+        last = int(res.tokens[b, a])
+        toks.append(Token(last, BONUS if a == K_b else CORRECTION, float(p[b, a, last])))
+        records.append(CycleRecord(cycle, b, K_b, a, toks, emitted[b]))
+    return records
+
+
+@torch.no_grad()
+def speculative_generate(target, drafter: Drafter, input_ids, max_new_tokens: int, temperature: float = 0.0,
+                         top_k: int | None = None, top_p: float | None = None,
+                         generator: torch.Generator | None = None, on_cycle=None,
+                         num_draft_tokens: int | None = None) -> SpecGeneration:
+    """Generate with `drafter` proposing and `target` verifying; output is distributed exactly as
+    `autoregressive_generate(target, ...)` (token for token equal at temperature 0)."""
+    check_generation_args(max_new_tokens, temperature, top_k, top_p)
+    K = drafter.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+    check_drafter(target.config, drafter, K)
+    sampling = Sampling(temperature, top_k, top_p)
+    pad_id, eos_id = special_ids(target)
+    batch = as_prompt_batch(input_ids, pad_id)
+    check_vocab_ids(batch.input_ids, target.config.vocab_size)
+    B = batch.size
+
+    tgt = HFTarget(target, output_hidden_states=drafter.needs_hidden_states)
+    out = tgt.prefill(batch)
+    drafter.begin(batch, out)
+    last = smp.next_token(out.logits[:, -1], temperature, top_k, top_p, generator)
+    outputs = [[int(t)] for t in last]
+    done = [max_new_tokens == 1 or (eos_id is not None and int(t) == eos_id) for t in last]
+    stats = SpecStats()
+
+    cycle = 0
+    while not all(done):
+        prop = drafter.propose(last, K, sampling, generator)
+        lengths = prop.lengths if prop.lengths is not None else torch.full((B,), K)
+        out = tgt.forward(torch.cat([last[:, None], prop.tokens], dim=1))
+        p = smp.sampling_probs(out.logits, temperature, top_k, top_p)
+        res = verify(prop.tokens, p, prop.q, draft_lengths=lengths, eos_token_id=eos_id, generator=generator)
+        tgt.rollback(res.accepted + 1, K + 1)
+        drafter.commit(res.accepted, res.tokens, out)
+
+        active = [b for b in range(B) if not done[b]]
+        emitted = {}
+        for b in active:
+            room = max_new_tokens - len(outputs[b])
+            emitted[b] = res.tokens[b, : min(int(res.num_emitted[b]), room)].tolist()
+            outputs[b].extend(emitted[b])
+            done[b] = len(outputs[b]) >= max_new_tokens or (eos_id is not None and eos_id in emitted[b])
+        records = cycle_records(cycle, active, prop.tokens, lengths, p, prop.q, res, emitted)
+        stats.cycles.extend(records)
+        if on_cycle is not None:
+            for r in records:
+                on_cycle(r)
+        last = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
+        cycle += 1
+
+    n = max(len(o) for o in outputs)
+    tokens = torch.full((B, n), pad_id, dtype=torch.long)
+    for b, o in enumerate(outputs):
+        tokens[b, : len(o)] = torch.tensor(o)
+    return SpecGeneration(tokens, torch.tensor([len(o) for o in outputs]), stats)

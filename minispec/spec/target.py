@@ -1,0 +1,96 @@
+"""The target model as the speculative loop sees it: prefill, a verify forward, and rollback.
+
+After a verify forward over [last token, d_1 .. d_K] every sequence has K+1 new cache entries, but
+sequence b keeps only `accepted_b + 1` of them. A batched KV cache is one tensor per layer, so the
+rows cannot simply be cut to different lengths. Instead each row drops its rejected entries and is
+shifted right so that all rows end in the same column — exactly what left padding does to ragged
+prompts. The columns that open on the left are masked out by the attention mask, and since each
+row's real tokens stay contiguous at the right, a sliding-window layer still sees exactly the last
+W-1 real tokens, as plain decoding would.
+
+Sliding-window layers normally keep only W-1 entries and cannot be rolled back once full
+(`DynamicSlidingWindowLayer` refuses `crop`, and vLLM and llama.cpp both shipped this bug):
+`activate_past_recording()` makes them keep the window *plus* the entries of the last forward, so
+the rollback can reach back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from minispec.spec.batch import PromptBatch, position_ids
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [B, n, V] at the n positions just fed
+    hidden_states: tuple[torch.Tensor, ...] | None  # per layer (0 = embeddings) [B, n, H], when asked for
+
+
+def shift_rows(x: torch.Tensor, drop: torch.Tensor, new_len: int, dim: int, fill=None) -> torch.Tensor:
+    """Drop the last `drop[b]` entries of row b along `dim`, then right-align every row into `new_len`.
+
+    x: `[B, ..., L, ...]` with L on `dim`; row b's kept entries end at column `L - drop[b]`. Columns
+    that would come from before the start get `fill` (or row b's column 0, to be masked anyway).
+    """
+    B, L = x.shape[0], x.shape[dim]
+    cols = torch.arange(new_len, device=x.device)
+    src = (L - drop.to(x.device))[:, None] - new_len + cols[None, :]  # [B, new_len]
+    index_shape = [B] + [1] * (x.dim() - 1)
+    index_shape[dim] = new_len
+    expand = list(x.shape)
+    expand[dim] = new_len
+    out = torch.gather(x, dim, src.clamp(min=0).view(index_shape).expand(expand))
+    if fill is not None:
+        missing = (src < 0).view(index_shape).expand(expand)
+        out = out.masked_fill(missing, fill)
+    return out
+
+
+class HFTarget:
+    """Any Hugging Face causal LM whose cache is a `DynamicCache` of attention layers."""
+
+    def __init__(self, model, output_hidden_states: bool = False):
+        self.model = model
+        self.output_hidden_states = output_hidden_states
+        self.config = model.config
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # [B, L] attention mask over every cached column
+
+    def _run(self, input_ids: torch.Tensor) -> TargetOutput:
+        out = self.model(input_ids=input_ids, attention_mask=self.mask,
+                         position_ids=position_ids(self.mask)[:, -input_ids.shape[1]:],
+                         cache=self.cache, output_hidden_states=self.output_hidden_states)
+        return TargetOutput(out.logits, out.hidden_states if self.output_hidden_states else None)
+
+    @torch.no_grad()
+    def prefill(self, batch: PromptBatch) -> TargetOutput:
+        self.cache = DynamicCache(config=self.config)
+        self.mask = batch.attention_mask
+        return self._run(batch.input_ids)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> TargetOutput:
+        """Feed `[B, n]` tokens after everything cached; every row gets n new entries."""
+        self.cache.activate_past_recording()
+        self.mask = torch.cat([self.mask, torch.ones_like(tokens)], dim=1)
+        return self._run(tokens)
+
+    def rollback(self, keep: torch.Tensor, appended: int) -> None:
+        """Of the last `appended` entries, row b keeps its first `keep[b]`; rows are re-aligned."""
+        drop = appended - keep
+        least = int(drop.min())
+        total = self.mask.shape[1] - least
+        self.mask = shift_rows(self.mask, drop, total, dim=1, fill=0)
+        for layer in self.cache.layers:
+            stored = layer.keys.shape[-2]
+            # A full layer stores every column; a sliding one only the last window (W-1) of them.
+            new_len = stored - least
+            if getattr(layer, "is_sliding", False):
+                new_len = min(new_len, layer.sliding_window - 1)
+                layer.cumulative_length -= least
+                layer.record_past = False
+            layer.keys = shift_rows(layer.keys, drop, new_len, dim=2)
+            layer.values = shift_rows(layer.values, drop, new_len, dim=2)

@@ -1,0 +1,85 @@
+"""The frozen evaluation set: prompts from held-out test files, shipped as token ids.
+
+Every τ, accuracy and speed figure in minispec is measured on these prompts, so every machine
+measures the same thing whatever Python version (and so whatever stdlib) it has.
+Build (once, by `python -m minispec.targets.evalset`): for each test-split file, cut prompts of a
+seeded random length in [64, 256] tokens at spaced offsets, each followed by the next 128 tokens
+of the file as its reference continuation.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from minispec.targets import corpus
+
+FOLDER = Path(__file__).resolve().parents[1] / "checkpoints" / "evalset"
+MIN_PROMPT, MAX_PROMPT, CONTINUATION = 64, 256, 128
+PROMPTS_PER_FILE = 4
+SEED = 0
+
+
+@dataclass
+class EvalSet:
+    prompts: list[torch.Tensor]  # each [T_i], 64 <= T_i <= 256
+    continuations: torch.Tensor  # [N, 128], the file's own next tokens
+    files: list[str]  # source file of each prompt
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def build(tokenizer, n_max: int = 320) -> tuple[EvalSet, dict]:
+    g = torch.Generator().manual_seed(SEED)
+    prompts, conts, files = [], [], []
+    test_files = corpus.iter_files("test")
+    for f in test_files:
+        ids = torch.tensor([tokenizer.bos_token_id] + tokenizer(f.text)["input_ids"])
+        span = MAX_PROMPT + CONTINUATION
+        if len(ids) < span:
+            continue
+        # Spaced offsets so that prompts of one file do not overlap.
+        n = min(PROMPTS_PER_FILE, len(ids) // span)
+        for j in range(n):
+            length = int(torch.randint(MIN_PROMPT, MAX_PROMPT + 1, (1,), generator=g))
+            start = j * (len(ids) // n)
+            prompts.append(ids[start : start + length])
+            conts.append(ids[start + length : start + length + CONTINUATION])
+            files.append(f.relpath)
+    order = torch.randperm(len(prompts), generator=g)[:n_max].sort().values.tolist()
+    es = EvalSet([prompts[i] for i in order], torch.stack([conts[i] for i in order]), [files[i] for i in order])
+    meta = {"test_data_sha256": corpus.data_hash(test_files), "seed": SEED}
+    return es, meta
+
+
+def save(es: EvalSet, meta: dict, folder: Path = FOLDER) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    padded = torch.zeros(len(es), MAX_PROMPT, dtype=torch.int16)
+    for i, p in enumerate(es.prompts):
+        padded[i, : len(p)] = p
+    lengths = torch.tensor([len(p) for p in es.prompts], dtype=torch.int16)
+    save_file({"prompts": padded, "prompt_lengths": lengths, "continuations": es.continuations.to(torch.int16)},
+              folder / "eval.safetensors")
+    meta = dict(meta, command="python -m minispec.targets.evalset", files=es.files, n=len(es))
+    (folder / "evalset.json").write_text(json.dumps(meta, indent=0))
+
+
+def load_evalset(folder: Path = FOLDER) -> EvalSet:
+    t = load_file(folder / "eval.safetensors")
+    lengths = t["prompt_lengths"].long().tolist()
+    prompts = [t["prompts"][i, :n].long() for i, n in enumerate(lengths)]
+    files = json.loads((folder / "evalset.json").read_text())["files"]
+    return EvalSet(prompts, t["continuations"].long(), files)
+
+
+if __name__ == "__main__":
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(FOLDER.parent / "tokenizer")
+    es, meta = build(tok)
+    save(es, meta)
+    print(f"{len(es)} prompts from {len(set(es.files))} files -> {FOLDER}")

@@ -1,0 +1,47 @@
+"""Load a target model the way a hub model loads: `from_pretrained` on a local folder.
+
+The shipped targets live inside the package (`minispec/checkpoints/<name>/`), so nothing is
+downloaded at run time; any other local Hugging Face causal-LM folder loads the same way.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+TARGETS = {
+    "bolt-mini": "python -m minispec.targets.train bolt-mini",
+}
+
+
+def resolve(name_or_path: str | Path, known: dict[str, str] = TARGETS, kind: str = "target",
+            also: list[str] = ()) -> Path:
+    """A shipped model's name, or a local folder, to the folder to load from.
+
+    known: shipped name -> the command that builds it; `also` are further valid names to list.
+    """
+    if str(name_or_path) in known:
+        folder = CHECKPOINTS / str(name_or_path)
+        if not (folder / "config.json").exists():
+            raise FileNotFoundError(f"{kind} {name_or_path!r} is not in {folder}; build it with `{known[str(name_or_path)]}`")
+        return folder
+    folder = Path(name_or_path)
+    if folder.is_dir() and (folder / "config.json").exists():
+        return folder
+    raise ValueError(f"unknown {kind} {str(name_or_path)!r}: expected one of {sorted([*known, *also])} "
+                     "or a local folder with a config.json")
+
+
+def load_target(name_or_path: str | Path, dtype: torch.dtype = torch.float32):
+    """`(model, tokenizer)` for a shipped target name (e.g. "bolt-mini") or a local HF folder.
+
+    Weights are stored in bfloat16 and computed in `dtype` (float32 by default: exact comparisons
+    between decoding strategies are easiest to reason about in float32 on CPU).
+    """
+    folder = resolve(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return model, tokenizer

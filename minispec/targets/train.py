@@ -1,0 +1,162 @@
+"""Train a shipped target model on CPU: `python -m minispec.targets.train bolt-mini`.
+
+Seeded and deterministic (the batch of step s depends only on (seed, s)), resumable (a checkpoint
+with model, optimizer and step is written every `--ckpt-every` steps; rerunning the same command
+continues from it), with a tqdm progress bar. The finished model is saved with `save_pretrained`
+in bfloat16 (to keep the package small) beside the tokenizer, with `training.json` recording the
+command, the data hash and the final validation loss of the saved (rounded) weights.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minispec.targets import corpus, data
+from minispec.targets.configs import CONFIGS
+
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+
+
+@dataclass
+class Settings:
+    steps: int = 1100
+    batch: int = 8
+    seq_len: int = 512
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    ckpt_every: int = 50
+    eval_windows: int = 64
+
+
+# Per-model defaults; any field can be overridden on the command line.
+SETTINGS = {"bolt-mini": Settings(), "bolt-nano": Settings(steps=600, lr=3e-3)}
+
+
+def lr_at(step: int, s: Settings) -> float:
+    """Linear warmup, then cosine decay to `min_lr_ratio * lr`."""
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def evaluate(model, windows: torch.Tensor, batch: int = 8) -> dict[str, float]:
+    """Mean next-token loss (nats) and argmax accuracy over `[n, L]` windows."""
+    model.eval()
+    total_loss, correct, count = 0.0, 0, 0
+    for i in range(0, len(windows), batch):
+        x = windows[i : i + batch]
+        logits = model(input_ids=x).logits[:, :-1].float()
+        target = x[:, 1:]
+        total_loss += torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum"
+        ).item()
+        correct += (logits.argmax(-1) == target).sum().item()
+        count += target.numel()
+    model.train()
+    return {"loss": total_loss / count, "accuracy": correct / count}
+
+
+def train(name: str, out: Path, work_dir: Path, s: Settings) -> dict:
+    torch.manual_seed(s.seed)
+    tok = AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer")
+    train_ids = data.token_stream("train", tok)
+    val_windows = data.sequential_windows(data.token_stream("val", tok), s.seq_len, s.eval_windows)
+
+    model = AutoModelForCausalLM.from_config(CONFIGS[name]())
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=s.lr, betas=(0.9, 0.95),
+    )
+    ckpt_path = work_dir / "train_state.pt"
+    start, history = 0, []
+    if ckpt_path.exists():
+        state = torch.load(ckpt_path, weights_only=False)
+        if state["settings"] != asdict(s):
+            raise ValueError(f"{ckpt_path} was written with other settings: {state['settings']}; "
+                             "delete it or rerun with the same settings")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start, history = state["step"], state["history"]
+        print(f"resuming from step {start}")
+
+    model.train()
+    bar = tqdm(range(start, s.steps), initial=start, total=s.steps, desc=f"train {name}")
+    for step in bar:
+        x = data.random_windows(train_ids, s.batch, s.seq_len, s.seed, step)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, s)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        history.append(loss.item())
+        bar.set_postfix(loss=f"{sum(history[-20:]) / len(history[-20:]):.3f}")
+        if (step + 1) % s.ckpt_every == 0 or step + 1 == s.steps:
+            work_dir.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                        "history": history, "settings": asdict(s)}, ckpt_path.with_suffix(".tmp"))
+            ckpt_path.with_suffix(".tmp").replace(ckpt_path)
+
+    # Ship what the package loads: bf16 weights. Measure the loss of exactly those weights.
+    model = model.to(torch.bfloat16).to(torch.float32)
+    metrics = evaluate(model, val_windows)
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(out)
+    tok.save_pretrained(out)
+    record = {
+        "command": "python -m minispec.targets.train " + shlex.join(sys.argv[1:]),
+        "model": name,
+        "settings": asdict(s),
+        "train_data_sha256": corpus.data_hash(corpus.iter_files("train")),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "tokens_seen": s.steps * s.batch * s.seq_len,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "final_train_loss_avg100": sum(history[-100:]) / len(history[-100:]),
+        "val_loss": metrics["loss"],
+        "val_accuracy": metrics["accuracy"],
+        "val_windows": f"{len(val_windows)} x {s.seq_len} tokens from the val split",
+        "loss_history_every_10": history[::10],
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    (out / "training.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", choices=sorted(CONFIGS))
+    p.add_argument("--out", type=Path, help="output folder (default: the package's checkpoints)")
+    p.add_argument("--work-dir", type=Path, help="where resumable train state lives")
+    for field, default in asdict(Settings()).items():
+        p.add_argument("--" + field.replace("_", "-"), type=type(default), help=f"default: per model ({default} for bolt-mini)")
+    a = p.parse_args(argv)
+    overrides = {k: getattr(a, k) for k in asdict(Settings()) if getattr(a, k) is not None}
+    settings = Settings(**(asdict(SETTINGS[a.model]) | overrides))
+    out = a.out or CHECKPOINTS / a.model
+    work_dir = a.work_dir or data.cache_dir() / "train" / a.model
+    record = train(a.model, out, work_dir, settings)
+    print(f"val loss {record['val_loss']:.4f}  accuracy {record['val_accuracy']:.4f}  -> {out}")
+
+
+if __name__ == "__main__":
+    main()

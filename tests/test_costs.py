@@ -1,0 +1,273 @@
+"""The seed figures, reproduced by minispec.costs.
+
+Exact integers where the seed gives exact integers; otherwise the precision the seed quotes
+(0.1 MiB, 3 significant figures, "~").
+"""
+
+import math
+
+import pytest
+
+from minispec import costs
+from minispec.costs import (
+    E4B_DFLASH,
+    GB,
+    GiB,
+    MiB,
+    SUPER_MAMBA2,
+    DFlashShape,
+    dflash_kv_cache_bytes,
+    dflash_param_count,
+)
+
+
+def sig3(x: float) -> float:
+    """Round to 3 significant figures, the precision the seed quotes."""
+    return float(f"{x:.3g}")
+
+
+# Bolt E4B drafter config.json as published (research/dflash.md §6.5), trimmed to what matters.
+E4B_CONFIG = {
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "block_size": 8,
+    "dflash_config": {
+        "mask_token_id": 4,
+        "target_layer_ids": [5, 11, 17, 23, 35],
+        "use_swa": True,
+        "swa_window_size": 1024,
+        "causal": False,
+    },
+    "hidden_size": 2560,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 5120,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 262144,
+    "max_position_embeddings": 131072,
+    "rope_theta": 1e6,
+    "num_target_layers": 42,
+    "layer_types": ["sliding_attention"] * 5,
+    "sliding_window": 1024,
+    "has_own_lm_head": True,
+    "tie_word_embeddings": False,
+}
+
+
+# --- DFlash parameters ---------------------------------------------------------------------
+
+
+def test_e4b_drafter_has_exactly_1_031_568_640_parameters():
+    count = dflash_param_count(E4B_DFLASH)
+    assert count.total == 1_031_568_640
+
+
+def test_e4b_breakdown_part_by_part():
+    parts = dflash_param_count(E4B_DFLASH).as_dict()
+    assert parts == {
+        "embed_tokens": 0,  # shared with the target
+        "fc": 5 * 2560 * 2560,  # 32,768,000
+        "hidden_norm": 2560,
+        "attention": 5 * (2560 * 4096 + 2 * 2560 * 1024 + 4096 * 2560 + 2 * 128),
+        "mlp": 5 * 3 * 2560 * 5120,
+        "layer_norms": 5 * 2 * 2560,
+        "norm": 2560,
+        "lm_head": 262_144 * 2560,  # 671,088,640
+        "total": 1_031_568_640,
+    }
+    # research/dflash.md §2: "about 360 M without lm_head" for the Bolt drafter.
+    assert parts["total"] - parts["lm_head"] == 360_480_000
+
+
+def test_e4b_head_is_65_1_percent():
+    count = dflash_param_count(E4B_DFLASH)
+    assert round(100 * count.fraction("lm_head"), 1) == 65.1
+
+
+def test_zlab_qwen3_8b_drafter_is_about_1_05_billion():
+    # research/dflash.md §2: ~0.97 B in the layers, ~84 M in fc, ~1.05 B in total; no own head.
+    qwen3_8b = DFlashShape(
+        num_layers=5, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        intermediate_size=12288, num_taps=5, target_hidden_size=4096, vocab_size=151936,
+    )
+    count = dflash_param_count(qwen3_8b)
+    assert count.lm_head == count.embed_tokens == 0
+    assert count.layers / 1e9 == pytest.approx(0.97, abs=0.01)  # 964.7 M: "about 0.97 B"
+    assert round(count.fc / 1e6) == 84
+    assert round(count.total / 1e9, 2) == 1.05
+
+
+def test_own_embedding_and_bias_are_counted():
+    with_embed = DFlashShape(**{**E4B_DFLASH.__dict__, "has_embed_tokens": True})
+    assert dflash_param_count(with_embed).total == 1_031_568_640 + 262_144 * 2560
+    with_bias = DFlashShape(**{**E4B_DFLASH.__dict__, "attention_bias": True})
+    assert dflash_param_count(with_bias).total - 1_031_568_640 == 5 * (4096 + 2 * 1024 + 2560)
+
+
+# --- DFlash config reading -------------------------------------------------------------------
+
+
+def test_from_hf_config_reads_the_published_e4b_config():
+    assert DFlashShape.from_hf_config(E4B_CONFIG) == E4B_DFLASH
+    assert dflash_param_count(DFlashShape.from_hf_config(E4B_CONFIG)).total == 1_031_568_640
+
+
+def test_from_hf_config_zlab_defaults_share_head_and_have_no_window():
+    zlab = {
+        "hidden_size": 4096, "num_hidden_layers": 5, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
+        "vocab_size": 151936, "num_target_layers": 36,
+        "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+        "layer_types": ["full_attention"] * 5, "sliding_window": None, "use_sliding_window": False,
+    }
+    shape = DFlashShape.from_hf_config(zlab)
+    assert (shape.num_taps, shape.has_lm_head, shape.sliding_window) == (5, False, None)
+    # Taps need not equal layers (z-lab Qwen3.5-35B: 6 layers, 8 taps); fc follows the taps.
+    wide = DFlashShape.from_hf_config({**zlab, "dflash_config": {"target_layer_ids": list(range(8))}})
+    assert dflash_param_count(wide).fc == 8 * 4096 * 4096
+
+
+def test_from_hf_config_rejects_bad_configs():
+    with pytest.raises(ValueError, match="hidden_size"):
+        DFlashShape.from_hf_config({k: v for k, v in E4B_CONFIG.items() if k != "hidden_size"})
+    bad_ids = {**E4B_CONFIG, "dflash_config": {**E4B_CONFIG["dflash_config"], "target_layer_ids": [5, 42]}}
+    with pytest.raises(ValueError, match="out of range"):
+        DFlashShape.from_hf_config(bad_ids)
+
+
+# --- Draft KV cache and weight payloads ------------------------------------------------------
+
+
+def test_e4b_draft_kv_cache_is_20_mib_per_sequence():
+    per_seq = dflash_kv_cache_bytes(E4B_DFLASH)
+    assert per_seq == 5 * 8 * 1024 * 128 * 2 * 2 == 20 * MiB
+    assert dflash_kv_cache_bytes(E4B_DFLASH, num_sequences=64) == 1.25 * GiB
+    # The window caps the cache: a 100k-token context costs the same; a short one costs less.
+    assert dflash_kv_cache_bytes(E4B_DFLASH, context_len=100_000) == 20 * MiB
+    assert dflash_kv_cache_bytes(E4B_DFLASH, context_len=512) == 10 * MiB
+
+
+def test_full_attention_cache_grows_with_context():
+    types = ("sliding_attention",) * 4 + ("full_attention",)
+    mixed = DFlashShape(**{**E4B_DFLASH.__dict__, "layer_types": types})
+    # 4 sliding layers at 1024 plus one full layer at 8192 positions; 4 KiB per position per layer.
+    assert dflash_kv_cache_bytes(mixed, context_len=8192) == (4 * 1024 + 8192) * 4096
+    with pytest.raises(ValueError, match="full attention"):
+        dflash_kv_cache_bytes(mixed)
+
+
+def test_ideal_4bit_codes_are_491_9_mib_and_head_320_mib():
+    count = dflash_param_count(E4B_DFLASH)
+    assert round(costs.to_mib(costs.ideal_4bit_code_bytes(count.total)), 1) == 491.9
+    assert costs.ideal_4bit_code_bytes(count.lm_head) == 320 * MiB
+
+
+def test_bf16_embedding_copy_is_1_25_gib():
+    assert costs.embedding_bytes(262_144, 2560) == 1.25 * GiB
+
+
+# --- NVFP4 checkpoints -------------------------------------------------------------------------
+
+
+def test_nvfp4_is_4_5_bits_per_parameter():
+    assert costs.nvfp4_bits_per_param() == 4.5  # 4-bit E2M1 code + 8-bit E4M3 scale / 16
+    assert costs.nvfp4_bytes(16) == 9  # 16 codes of 4 bits + one scale byte
+
+
+def test_lightning_66_gb_becomes_about_22_gb_with_bf16_exceptions():
+    all_nvfp4 = costs.quantized_checkpoint_gb(66, bf16_fraction=0.0)
+    assert all_nvfp4 == 66 * 4.5 / 16 == 18.5625  # too small: something stays in BF16
+    f = costs.bf16_fraction_for(66, 22)
+    assert f == pytest.approx((16 * 22 / 66 - 4.5) / 11.5)
+    assert round(100 * f, 1) == 7.2  # ~2.4 B of 33 B parameters in BF16
+    assert 0.03 < f < 0.15  # a plausible share for embeddings, attention, norms, routers, MTP
+    assert round(costs.quantized_checkpoint_gb(66, bf16_fraction=round(f, 3))) == 22
+
+
+def test_super_75_gb_at_4_82_bits_is_about_124_billion_parameters():
+    n = costs.params_from_size(75 * GB, 4.82)
+    assert sig3(n / 1e9) == 124
+    assert abs(n / 120e9 - 1) < 0.05  # consistent with the nominal "120B-A12B"
+    # Reading "75 GB" as GiB would give 134 B: further from 120 B, so GB is the right unit.
+    assert sig3(costs.params_from_size(75 * GiB, 4.82) / 1e9) == 134
+    # 4.82 bits over NVFP4's 4.5 means about 2.8 % of parameters in BF16.
+    assert round(100 * costs.bf16_fraction_for_bits(4.82), 1) == 2.8
+
+
+def test_ultra_blog_figure_needs_a_small_bf16_share():
+    # research/nvfp4_qad.md §6: Nemotron-3-Ultra 1,121 GB -> 352.3 GB.
+    f = costs.bf16_fraction_for(1121, 352.3)
+    assert 0.0 < f < 0.1
+    assert costs.quantized_checkpoint_gb(1121, f) == pytest.approx(352.3)
+
+
+def test_checkpoint_arithmetic_rejects_nonsense():
+    with pytest.raises(ValueError, match="bf16_fraction"):
+        costs.quantized_checkpoint_gb(66, bf16_fraction=1.5)
+    with pytest.raises(ValueError, match="bf16_gb"):
+        costs.quantized_checkpoint_gb(-66, bf16_fraction=0.1)
+    with pytest.raises(ValueError, match="no BF16 fraction"):
+        costs.bf16_fraction_for(66, 10)  # below 4.5 bits/param
+    with pytest.raises(ValueError, match="bits_per_param"):
+        costs.params_from_size(75 * GB, 0)
+
+
+# --- Speedup model -----------------------------------------------------------------------------
+
+
+def test_speedup_model():
+    assert costs.speedup(tau=4, c_target=1, c_draft=0, c_verify=1) == 4  # free drafts: speedup = tau
+    assert costs.speedup(tau=6, c_target=10, c_draft=5, c_verify=15) == 3  # 6·10 / (5+15)
+    tau_star = costs.break_even_tau(c_target=10, c_draft=5, c_verify=15)
+    assert tau_star == 2
+    assert costs.speedup(tau_star, 10, 5, 15) == pytest.approx(1.0)
+
+
+def test_implied_cycle_cost_from_zlab_readme():
+    # research/dflash.md §5.1, Qwen3-8B, GSM8K, T=0: speedup / tau.
+    dflash = costs.implied_cycle_cost(tau=6.55, measured_speedup=5.20)
+    eagle3 = costs.implied_cycle_cost(tau=2.89, measured_speedup=2.13)
+    assert round(dflash, 2) == 1.26
+    assert round(eagle3, 2) == 1.36
+    assert costs.speedup(6.55, 1, 0, dflash) == pytest.approx(5.20)
+
+
+def test_speedup_rejects_nonsense():
+    with pytest.raises(ValueError, match="tau >= 1"):
+        costs.speedup(tau=0.5, c_target=1, c_draft=0.1, c_verify=1)
+    with pytest.raises(ValueError, match="c_draft"):
+        costs.speedup(tau=3, c_target=1, c_draft=-0.1, c_verify=1)
+    with pytest.raises(ValueError, match="c_target"):
+        costs.break_even_tau(c_target=0, c_draft=0.1, c_verify=1)
+    with pytest.raises(ValueError, match="tau"):
+        costs.speedup(tau=math.nan, c_target=1, c_draft=0, c_verify=1)
+
+
+# --- Shapes and Mamba state -------------------------------------------------------------------
+
+
+def test_dflash_shape_rejects_nonsense():
+    with pytest.raises(ValueError, match="hidden_size"):
+        DFlashShape(**{**E4B_DFLASH.__dict__, "hidden_size": -2560})
+    with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
+        DFlashShape(**{**E4B_DFLASH.__dict__, "num_key_value_heads": 7})
+    with pytest.raises(ValueError, match="sliding_window"):
+        DFlashShape(**{**E4B_DFLASH.__dict__, "sliding_window": None})
+    with pytest.raises(ValueError, match="context_len"):
+        dflash_kv_cache_bytes(E4B_DFLASH, context_len=0)
+
+
+def test_super_mamba_state_and_replay_record():
+    # research/mamba_replay.md §2.5, §3.1, §3.2.
+    state = costs.mamba_state_bytes(SUPER_MAMBA2)
+    assert state == 128 * 64 * 128 * 4 == 4 * MiB
+    record = costs.replay_record_bytes(SUPER_MAMBA2)
+    assert record == 18_944
+    assert round(100 * record / state, 2) == 0.45
+    assert round(costs.to_mib(32 * record), 2) == 0.58  # a 32-record ring per layer
+    assert (state + 32 * record) / state == pytest.approx(1.15, abs=0.01)  # "about 1.15x"
+    assert costs.native_spec_state_writes_bytes(SUPER_MAMBA2, num_tokens=4) == 20 * MiB
+    assert costs.native_spec_state_writes_bytes(SUPER_MAMBA2, num_tokens=1) == 8 * MiB

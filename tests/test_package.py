@@ -1,0 +1,40 @@
+"""The package installs as one `minispec`, with kernels/ mapped to `minispec.kernels`."""
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_kernels_is_not_a_top_level_module(tmp_path):
+    # From outside the checkout (as a user's script runs), after importing minispec and transformers,
+    # no top-level `kernels` may be importable: transformers would take it for Hugging Face's package.
+    code = (
+        "import importlib.util, sys, minispec, transformers\n"
+        "import minispec.kernels\n"
+        "from transformers.utils.import_utils import is_kernels_available\n"
+        "print(importlib.util.find_spec('kernels') is None, 'kernels' in sys.modules,"
+        " is_kernels_available(), minispec.kernels.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False", "False", "minispec.kernels"]
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"minispec." + p.parent.relative_to(ROOT / "minispec").as_posix().replace("/", ".")
+             for p in (ROOT / "minispec").rglob("__init__.py") if p.parent != ROOT / "minispec"}
+    found |= {"minispec", "minispec.kernels"}
+    assert found == listed
+
+
+def test_minispec_import_does_not_import_triton(tmp_path):
+    code = "import sys, minispec; print('triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_checkpoints_stay_under_budget():
+    size = sum(p.stat().st_size for p in (ROOT / "minispec" / "checkpoints").rglob("*") if p.is_file())
+    assert size < 40 * 2**20, f"minispec/checkpoints is {size / 2**20:.1f} MiB, over the 40 MiB budget"

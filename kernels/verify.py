@@ -58,8 +58,8 @@ def _verify_kernel(draft_ptr, p_ptr, q_ptr, u_ptr, lengths_ptr,  # inputs
     #    `running` is False, and the masked loads and stores below do nothing.
     accepted = tl.zeros([], tl.int32)
     emitted = tl.zeros([], tl.int32)
-    running = K_b > 0
-    before_eos = K_b > 0  # no EOS among the tokens emitted so far
+    running = tl.full([], True, tl.int1)  # drafts 0..k-1 all accepted
+    before_eos = tl.full([], True, tl.int1)  # no EOS among the tokens emitted so far
     for k in range(K):
         live = running & (k < K_b)
         x = tl.load(drafts + k, mask=live, other=0)
@@ -88,7 +88,8 @@ def _verify_kernel(draft_ptr, p_ptr, q_ptr, u_ptr, lengths_ptr,  # inputs
     p_mass = tl.zeros([], tl.float64)
     for start in range(0, V, BLOCK_V):
         v = start + tl.arange(0, BLOCK_V)
-        residual_mass += tl.sum(_next_token_dist(p_row, q_row, x, v, V, rejected, HAS_Q).to(tl.float64), axis=0)
+        residual = _next_token_dist(p_row, q_row, x, v, V, rejected, HAS_Q)
+        residual_mass += tl.sum(residual.to(tl.float64), axis=0)
         p_mass += tl.sum(tl.load(p_row + v, mask=v < V, other=0.0).to(tl.float64), axis=0)
     subtract_q = rejected & (residual_mass > 0)
     mass = tl.where(residual_mass > 0, residual_mass, p_mass)
@@ -119,14 +120,15 @@ def verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: 
            uniforms: torch.Tensor | None = None, draft_lengths: torch.Tensor | None = None,
            eos_token_id: int | None = None, generator: torch.Generator | None = None) -> VerifyResult:
     """Same arguments and result as the reference `minispec.spec.verify.verify`."""
-    p, q, u, K_b = prepare_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft_lengths, generator)
-    B, K = draft_tokens.shape
+    x, p, q, u, K_b = prepare_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft_lengths,
+                                          generator)
+    B, K = x.shape
     V = p.shape[-1]
     tokens = torch.full((B, K + 1), PAD, dtype=torch.long, device=p.device)
     accepted = torch.empty(B, dtype=torch.long, device=p.device)
     num_emitted = torch.empty(B, dtype=torch.long, device=p.device)
     _verify_kernel[(B,)](
-        draft_tokens.contiguous(), p.contiguous(), p if q is None else q.contiguous(), u.contiguous(),
+        x.contiguous(), p.contiguous(), p if q is None else q.contiguous(), u.contiguous(),
         K_b.contiguous(), tokens, accepted, num_emitted,
         K, V, -1 if eos_token_id is None else eos_token_id,  # -1: no draft id equals it
         HAS_Q=q is not None, BLOCK_V=min(triton.next_power_of_2(V), MAX_BLOCK_V),

@@ -3,6 +3,8 @@
     import minispec as ms
     model, tok = ms.load_target("bolt-mini")
     out = ms.autoregressive_generate(model, input_ids, max_new_tokens=64)
+    res = ms.speculative_generate(model, ms.load_drafter("ngram", model), input_ids, max_new_tokens=64)
+    res.stats.tau
 """
 from minispec.backend import enable_interpreter_if_needed
 
@@ -10,8 +12,11 @@ from minispec.backend import enable_interpreter_if_needed
 # "run the kernels under the Triton interpreter".
 enable_interpreter_if_needed()
 
+from minispec.drafters import load_drafter  # noqa: E402
 from minispec.spec.autoregressive import Generation, autoregressive_generate  # noqa: E402
+from minispec.spec.speculative import SpecGeneration, speculative_generate  # noqa: E402
 from minispec.targets.evalset import load_evalset  # noqa: E402
 from minispec.targets.load import load_target  # noqa: E402
 
-__all__ = ["Generation", "autoregressive_generate", "load_evalset", "load_target"]
+__all__ = ["Generation", "SpecGeneration", "autoregressive_generate", "load_drafter", "load_evalset", "load_target",
+           "speculative_generate"]

@@ -1,24 +1,15 @@
 import pytest
 import torch
-from transformers import AutoTokenizer, Gemma4ForCausalLM, Gemma4TextConfig
+from tiny import save_with_tokenizer, tiny_gemma
 
 import minispec as ms
 from minispec.spec.batch import as_prompt_batch
-from minispec.targets.load import CHECKPOINTS
 
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
     """A random 6-layer Gemma-4 with a 16-token window, saved as a plain local HF folder."""
-    torch.manual_seed(0)
-    cfg = Gemma4TextConfig(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=32, global_head_dim=32,
-                           sliding_window=16, hidden_size_per_layer_input=0, vocab_size_per_layer_input=4096,
-                           final_logit_softcapping=30.0, pad_token_id=0, eos_token_id=1, bos_token_id=2)
-    folder = tmp_path_factory.mktemp("tiny")
-    Gemma4ForCausalLM(cfg).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer").save_pretrained(folder)
-    return folder
+    return save_with_tokenizer(tiny_gemma(), tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

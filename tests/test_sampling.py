@@ -98,8 +98,10 @@ def hf_probs(logits, temperature, top_k, top_p):
     return scores.softmax(dim=-1)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p",
-                         [(1.0, None, None), (0.7, 10, None), (1.3, None, 0.9), (0.8, 20, 0.6), (2.0, 3, 0.3)])
+HF_COMBOS = [(1.0, None, None), (0.7, 10, None), (1.3, None, 0.9), (0.8, 20, 0.6), (2.0, 3, 0.3)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", HF_COMBOS)
 def test_matches_hugging_face_warpers_on_distinct_logits(temperature, top_k, top_p):
     logits = torch.randn(8, 64, generator=torch.Generator().manual_seed(0)) * 3
     ours, theirs = reference(logits, temperature, top_k, top_p), hf_probs(logits, temperature, top_k, top_p)
@@ -193,7 +195,8 @@ def test_kernel_accepts_a_single_row_and_an_empty_batch():
 def test_kernel_equals_reference_on_cuda_with_a_large_vocabulary(dtype):
     # Temperatures are powers of two: torch on CUDA may divide by multiplying with 1/T, which for
     # other T can round z differently from the kernel's correctly rounded division.
-    logits = (torch.randn(4, 262_144, device="cuda", generator=torch.Generator("cuda").manual_seed(4)) * 3).to(dtype)
+    g = torch.Generator("cuda").manual_seed(4)
+    logits = (torch.randn(4, 262_144, device="cuda", generator=g) * 3).to(dtype)
     for temperature, top_k, top_p in [(1.0, None, None), (0.5, 50, None), (1.0, None, 0.9), (2.0, 1000, 0.95),
                                       (0.0, None, None)]:
         assert_same(kernel(logits, temperature, top_k, top_p), reference(logits, temperature, top_k, top_p))
@@ -213,7 +216,8 @@ def make_dispatched():
 
 
 # "auto" runs the kernel on CUDA tensors only.
-@pytest.mark.parametrize("name,reference_runs", [("torch", True), ("auto", DEVICE == "cpu"), ("triton", False)])
+@pytest.mark.parametrize("name,reference_runs",
+                         [("torch", True), ("auto", DEVICE == "cpu"), ("triton", False)])
 def test_dispatch_follows_minispec_backend(monkeypatch, name, reference_runs):
     monkeypatch.setenv("MINISPEC_BACKEND", name)
     fn, ran = make_dispatched()
@@ -241,7 +245,8 @@ def test_forced_triton_without_triton_says_why(monkeypatch):
 def test_kernel_compiled_for_gpu_refuses_cpu_tensors(tmp_path):
     # An explicit TRITON_INTERPRET=0 wins over MINISPEC_BACKEND=triton, so the kernel is compiled.
     env = {**os.environ, "MINISPEC_BACKEND": "triton", "TRITON_INTERPRET": "0"}
-    code = "import torch; from minispec.spec.sampling import sampling_probs; sampling_probs(torch.zeros(2, 5))"
+    code = ("import torch; from minispec.spec.sampling import sampling_probs;"
+            "sampling_probs(torch.zeros(2, 5))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode != 0 and "set TRITON_INTERPRET=1 before importing minispec" in out.stderr
 

@@ -98,7 +98,7 @@ def test_html_has_one_span_per_token_with_its_status(tok, records):
     assert statuses == ["ms-" + s for s in expected]
 
 
-def test_html_escapes_token_text_and_marks_whitespace(tok, records, ids):
+def test_html_escapes_token_text_and_marks_whitespace(tok, records):
     html = strip_of(tok, records).body_html()
     assert "&lt;" in html and "&amp;" in html
     spans = Spans(html).spans

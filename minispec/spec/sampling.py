@@ -12,7 +12,8 @@ The order is temperature -> top-k -> top-p, as in Hugging Face's `generate` and 
   3. top-p keeps the most likely tokens up to mass top_p of softmax(z) over the top-k survivors. This
      mass does depend on the temperature and on the cut already made, so top-p comes last: the
      nucleus is taken from the very distribution that is sampled.
-top_k >= V and top_p = 1 change nothing, as in Hugging Face (which skips those warpers).
+top_k >= V keeps every token, and top_p = 1 is skipped as Hugging Face skips it: otherwise float
+rounding could let the mass above a very unlikely token reach 1.0 and cut it.
 
 The Triton kernel beside this reference (kernels/sampling.py) finds the same kept sets without
 sorting; `MINISPEC_BACKEND` picks between them (minispec/backend.py).

@@ -54,6 +54,13 @@ def cycle_records(cycle: int, active: list[int], drafts, lengths, p, q, res, emi
     return records
 
 
+def report(stats: SpecStats, on_cycle, records: list[CycleRecord]) -> None:
+    stats.cycles.extend(records)
+    if on_cycle is not None:
+        for r in records:
+            on_cycle(r)
+
+
 @torch.no_grad()
 def speculative_generate(target, drafter: Drafter, input_ids, max_new_tokens: int, temperature: float = 0.0,
                          top_k: int | None = None, top_p: float | None = None,
@@ -77,8 +84,11 @@ def speculative_generate(target, drafter: Drafter, input_ids, max_new_tokens: in
     outputs = [[int(t)] for t in last]
     done = [max_new_tokens == 1 or (eos_id is not None and int(t) == eos_id) for t in last]
     stats = SpecStats()
+    p_first = smp.sampling_probs(out.logits[:, -1], temperature, top_k, top_p)
+    report(stats, on_cycle, [CycleRecord(0, b, 0, 0, [Token(int(t), CORRECTION, float(p_first[b, t]))], [int(t)])
+                             for b, t in enumerate(last)])
 
-    cycle = 0
+    cycle = 1
     while not all(done):
         prop = drafter.propose(last, K, sampling, generator)
         lengths = prop.lengths if prop.lengths is not None else torch.full((B,), K)
@@ -95,11 +105,7 @@ def speculative_generate(target, drafter: Drafter, input_ids, max_new_tokens: in
             emitted[b] = res.tokens[b, : min(int(res.num_emitted[b]), room)].tolist()
             outputs[b].extend(emitted[b])
             done[b] = len(outputs[b]) >= max_new_tokens or (eos_id is not None and eos_id in emitted[b])
-        records = cycle_records(cycle, active, prop.tokens, lengths, p, prop.q, res, emitted)
-        stats.cycles.extend(records)
-        if on_cycle is not None:
-            for r in records:
-                on_cycle(r)
+        report(stats, on_cycle, cycle_records(cycle, active, prop.tokens, lengths, p, prop.q, res, emitted))
         last = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
         cycle += 1
 

@@ -22,8 +22,12 @@ class Token:
 
 @dataclass
 class CycleRecord:
-    """One target forward (one verification) of one sequence: what `on_cycle` receives, one per sequence."""
-    cycle: int  # 0-based index of the verification, per generate call
+    """One target forward of one sequence: what `on_cycle` receives, one per sequence.
+
+    Cycle 0 is the prefill: no drafts (`proposed == 0`), one token sampled by the target. Cycles 1, 2, ...
+    are verifications. The statistics below count verifications only, as the papers do.
+    """
+    cycle: int  # 0 = prefill, then 1, 2, ... one per verification
     sequence: int  # index in the batch
     proposed: int  # K, drafts proposed this cycle
     accepted: int  # drafts accepted (0..K)
@@ -37,14 +41,19 @@ class CycleRecord:
 
 @dataclass
 class SpecStats:
-    cycles: list[CycleRecord] = field(default_factory=list)
+    cycles: list[CycleRecord] = field(default_factory=list)  # every record, prefill included
+
+    @property
+    def verifications(self) -> list[CycleRecord]:
+        return [c for c in self.cycles if c.proposed > 0]
 
     @property
     def tau(self) -> float:
         """Mean accepted drafts + 1 per verification cycle."""
-        if not self.cycles:
+        v = self.verifications
+        if not v:
             return float("nan")
-        return sum(c.accepted + 1 for c in self.cycles) / len(self.cycles)
+        return sum(c.accepted + 1 for c in v) / len(v)
 
     @property
     def max_proposed(self) -> int:
@@ -56,7 +65,7 @@ class SpecStats:
         (position k is reached when drafts 1..k-1 were all accepted)."""
         K = self.max_proposed
         reached, accepted = torch.zeros(K), torch.zeros(K)
-        for c in self.cycles:
+        for c in self.verifications:
             reach = min(c.accepted + 1, c.proposed)
             reached[:reach] += 1
             accepted[: c.accepted] += 1
@@ -66,6 +75,6 @@ class SpecStats:
     def histogram(self) -> torch.Tensor:
         """`[K + 2]`: number of cycles that emitted n tokens (accepted + 1), n = 0..K+1."""
         h = torch.zeros(self.max_proposed + 2, dtype=torch.long)
-        for c in self.cycles:
+        for c in self.verifications:
             h[c.accepted + 1] += 1
         return h

@@ -1,11 +1,11 @@
 """Exact speculative verification: accept a prefix of the drafts, then emit one token from the target.
 
 Speculative sampling (Leviathan et al. 2022, arXiv 2211.17192; Chen et al. 2023, arXiv 2302.01318).
-Notation: p is the target's distribution, q the drafter's. For draft x_k drawn from q_k:
+Notation: p is the target's distribution, q the drafter's. For drafts x_0 .. x_{K-1}, x_k ~ q_k:
 
-    accept x_k with probability min(1, p_k(x_k) / q_k(x_k)),
+    accept x_k with probability min(1, p_k(x_k) / q_k(x_k)), in order,
     at the first rejection emit a token from the residual  norm(max(p_k - q_k, 0))  and stop,
-    if every draft is accepted emit a bonus token from p_{K+1}, the target's next distribution.
+    if every draft is accepted emit a bonus token from p_K, the target's next distribution.
 
 Every emitted token is then distributed exactly as the target's: P(emit x) = min(p, q)(x) from
 acceptance plus (1 - sum min(p, q)) * norm(max(p - q, 0))(x) from the residual, and
@@ -61,10 +61,12 @@ def prepare_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft
     """Fill in the defaults, check everything, and bring p, q and u to float32, as the kernel reads them.
 
     Both the reference and the kernel start here, so they raise the same errors on the same input.
-    Returns (target_probs, draft_probs, uniforms, draft_lengths).
+    Returns (draft_tokens, target_probs, draft_probs, uniforms, draft_lengths), ids as long.
     """
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be [B, K], got shape {tuple(draft_tokens.shape)}")
+    if draft_tokens.is_floating_point() or draft_tokens.dtype == torch.bool:
+        raise ValueError(f"draft_tokens must hold integer token ids, got dtype {draft_tokens.dtype}")
     B, K = draft_tokens.shape
     if K < 1:
         raise ValueError("empty drafts: draft_tokens has K = 0 columns; verify needs at least one draft")
@@ -76,7 +78,7 @@ def prepare_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft
     draft_probs = None if draft_probs is None else draft_probs.float()
     uniforms = uniforms.float()
     check_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft_lengths)
-    return target_probs, draft_probs, uniforms, draft_lengths.long()
+    return draft_tokens.long(), target_probs, draft_probs, uniforms, draft_lengths.long()
 
 
 def check_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft_lengths) -> None:
@@ -89,7 +91,8 @@ def check_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft_l
     if target_probs.dim() != 3:
         raise ValueError(f"target_probs must be [B, K+1, V], got shape {tuple(target_probs.shape)}")
     if target_probs.shape[0] != B:
-        raise ValueError(f"batch size mismatch: draft_tokens has {B} rows, target_probs has {target_probs.shape[0]}")
+        raise ValueError(f"batch size mismatch: draft_tokens has {B} rows, "
+                         f"target_probs has {target_probs.shape[0]}")
     if target_probs.shape[1] != K + 1:
         raise ValueError(f"target_probs must hold K+1 = {K + 1} positions (one per draft, then the bonus), "
                          f"got {target_probs.shape[1]}")
@@ -98,7 +101,8 @@ def check_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft_l
         if draft_probs.dim() != 3 or draft_probs.shape[:2] != (B, K):
             raise ValueError(f"draft_probs must be [B, K, V] = [{B}, {K}, V], got {tuple(draft_probs.shape)}")
         if draft_probs.shape[2] != V:
-            raise ValueError(f"vocab mismatch: target_probs has V = {V}, draft_probs has V = {draft_probs.shape[2]}")
+            raise ValueError(f"vocab mismatch: target_probs has V = {V}, "
+                             f"draft_probs has V = {draft_probs.shape[2]}")
     if draft_lengths.shape != (B,):
         raise ValueError(f"draft_lengths must be [B] = [{B}], got shape {tuple(draft_lengths.shape)}")
     if ((draft_lengths < 1) | (draft_lengths > K)).any():
@@ -141,9 +145,10 @@ def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The first index i with cumsum(dist)[i] >= u * sum(dist): a sample from dist / sum(dist).
 
     dist: [B, V] non-negative, unnormalised; u: [B] in (0, 1]. Returns [B] long.
-    u > 0 means a token of zero mass is never chosen. The running sum is taken in float64 so that a
-    different summation order (the kernel's chunked scan) lands on the same token except with
-    probability ~1e-9 instead of ~V^1.5 * 1e-7 in float32.
+    u > 0 means a token of zero mass is never chosen. The running sum is taken in float64 because
+    the kernel sums in another order (a chunked scan): in float32 the two orders round differently
+    enough to pick a different token in about 1 draw in 100 at V = 262,144; in float64 the rounding
+    is far below any token's mass.
     """
     cdf = dist.double().cumsum(dim=-1)
     threshold = u.double() * cdf[:, -1]
@@ -172,12 +177,13 @@ def verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: 
     of q - p > 0 somewhere must be repaid by p - q > 0 elsewhere) but p and q that sum to 1 only
     within rounding allow, the token is drawn from p instead.
     """
-    p, q, u, K_b = prepare_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft_lengths, generator)
-    B, K = draft_tokens.shape
+    x, p, q, u, K_b = prepare_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft_lengths,
+                                          generator)
+    B, K = x.shape
     rows = torch.arange(B, device=p.device)
     k = torch.arange(K, device=p.device)
     is_draft = k < K_b[:, None]  # [B, K]; the slots past K_b may hold padding, so read token 0 there
-    x = draft_tokens.masked_fill(~is_draft, 0)
+    x = x.masked_fill(~is_draft, 0)
     if q is None:
         q = F.one_hot(x, p.shape[-1]).float()
 
@@ -191,14 +197,14 @@ def verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: 
     #    or, when all K_b drafts were accepted, p_{K_b} itself (q counts as 0 at the bonus position).
     bonus = accepted == K_b
     p_next = p[rows, accepted]  # [B, V]
-    q_next = q[rows, accepted.clamp(max=K - 1)] * (~bonus)[:, None]
+    q_next = torch.where(bonus[:, None], 0.0, q[rows, accepted.clamp(max=K - 1)])
     residual = (p_next - q_next).clamp(min=0)
     dist = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_next)
     next_token = inverse_cdf(dist, u[:, K])
 
     # 3. Emitted tokens: the accepted drafts, then the correction / bonus token.
     tokens = torch.full((B, K + 1), PAD, dtype=torch.long, device=p.device)
-    tokens[:, :K] = torch.where(k < accepted[:, None], draft_tokens, PAD)
+    tokens[:, :K] = torch.where(k < accepted[:, None], x, PAD)
     tokens[rows, accepted] = next_token
     num_emitted = accepted + 1
     if eos_token_id is not None:

@@ -67,6 +67,7 @@ def tau_histogram(stats_or_hist, ax=None):
     # Every verification emits at least the target's own token, so n = 0 is always empty: not drawn.
     bars = ax.bar(emitted[1:], counts[1:], width=0.75, color=PALETTE[0], label="cycles")
     ax.bar_label(bars, fmt="%d", fontsize=8)
+    ax.margins(y=0.12)  # room for the counts above the bars
     ax.axvline(tau, color=PALETTE[3], linestyle="--", linewidth=2, label=f"τ = {tau:.2f}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _finish(ax, f"Tokens per verification (τ = {tau:.2f})",

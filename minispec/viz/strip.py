@@ -90,21 +90,24 @@ FAINT = '<span style="opacity:.45">{}</span>'
 
 def token_style(status: str) -> str:
     """Colour carries the category, and a second cue does too, for readers who can't tell the
-    colours apart: rejected drafts are struck through, the target's own tokens underlined."""
+    colours apart: rejected drafts are struck through, the target's own tokens underlined. Shadows,
+    not borders or margins, draw the edges: they take no room, so columns stay where the code has them."""
     color = COLORS[status]
+    edges = ["inset -1px 0 rgba(128,128,128,.35)"]  # a hairline after each token: where tokens split
     style = f"background:{color}40;border-radius:3px;"
     if status == REJECTED:
         style += f"text-decoration:line-through;text-decoration-color:{color};opacity:.8;"
     if status in (CORRECTION, BONUS):
-        style += f"box-shadow:inset 0 -2px {color};"
-    return style
+        edges.append(f"inset 0 -2px {color}")
+    return style + f"box-shadow:{','.join(edges)};"
 
 
 def html_token(text: str, token: Token, cycle: int) -> str:
     shown = html.escape(text) or FAINT.format("∅")  # an empty decode would be an invisible span
     shown = visible_whitespace(shown, token.status != REJECTED, FAINT.format)
     title = html.escape(describe(text, token, cycle), quote=True)
-    return f'<span class="ms-tok ms-{token.status}" style="{token_style(token.status)}" title="{title}">{shown}</span>'
+    style = token_style(token.status)
+    return f'<span class="ms-tok ms-{token.status}" style="{style}" title="{title}">{shown}</span>'
 
 
 def html_cycle(record: CycleRecord, tokenizer) -> str:
@@ -112,8 +115,8 @@ def html_cycle(record: CycleRecord, tokenizer) -> str:
 
 
 def html_legend() -> str:
-    keys = [f'<span class="ms-key" style="{token_style(s)};padding:0 4px">{LABELS[s]}</span>' for s in STATUSES]
-    keys.append(f"{CYCLE_BAR}cycle boundary")
+    keys = [f'<span class="ms-key" style="{token_style(s)}padding:0 4px">{LABELS[s]}</span>' for s in STATUSES]
+    keys.append(f"<span>{CYCLE_BAR}cycle boundary</span>")
     return f'<div style="font-size:12px;display:flex;gap:12px;flex-wrap:wrap">{"".join(keys)}</div>'
 
 

@@ -1,0 +1,21 @@
+"""Tiny random models for fast tests (importable from any test module: tests/ is on sys.path)."""
+import torch
+from transformers import AutoTokenizer, Gemma4ForCausalLM, Gemma4TextConfig
+
+from minispec.targets.load import CHECKPOINTS
+
+
+def tiny_gemma(layers: int = 6, window: int = 16, seed: int = 0, dtype=torch.float32) -> Gemma4ForCausalLM:
+    """A random Gemma-4 with bolt-mini's tokenizer ids and a 16-token sliding window."""
+    torch.manual_seed(seed)
+    cfg = Gemma4TextConfig(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=32, global_head_dim=32,
+                           sliding_window=window, hidden_size_per_layer_input=0, vocab_size_per_layer_input=4096,
+                           final_logit_softcapping=30.0, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    return Gemma4ForCausalLM(cfg).to(dtype).eval()
+
+
+def save_with_tokenizer(model, folder):
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer").save_pretrained(folder)
+    return folder

@@ -57,6 +57,35 @@ def bench_ar(args) -> list[dict]:
     return rows
 
 
+def bench_spec(args) -> list[dict]:
+    """AR and speculative decoding with each drafter on the same prompts, batch 1, in one run."""
+    model, _ = ms.load_target(args.model)
+    prompts = ms.load_evalset().prompts[: args.prompts]
+
+    def run_all(generate):
+        outs = [generate(p) for p in prompts]
+        return outs, sum(int(o.lengths.sum()) for o in outs)
+
+    ar_s, (_, ar_n) = timed(lambda: run_all(lambda p: ms.autoregressive_generate(
+        model, p, args.max_new_tokens, temperature=args.temperature, generator=torch.Generator().manual_seed(0))),
+        args.repeats)
+    rows = [{"method": "autoregressive", "drafter": "-", "K": 0, "tau": 1.0, "tokens_per_s": round(ar_n / ar_s, 1),
+             "speedup": 1.0}]
+    for name in args.drafters:
+        drafter = ms.load_drafter(name, model)
+
+        def spec(p):
+            return ms.speculative_generate(model, drafter, p, args.max_new_tokens, temperature=args.temperature,
+                                           generator=torch.Generator().manual_seed(0))
+
+        seconds, (outs, n) = timed(lambda: run_all(spec), args.repeats)
+        verifications = [c for o in outs for c in o.stats.verifications]
+        tau = sum(c.accepted + 1 for c in verifications) / len(verifications)
+        rows.append({"method": "speculative", "drafter": name, "K": drafter.num_draft_tokens, "tau": round(tau, 3),
+                     "tokens_per_s": round(n / seconds, 1), "speedup": round((n / seconds) / (ar_n / ar_s), 3)})
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     cols = list(rows[0])
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
@@ -65,7 +94,7 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(str(r[c]).rjust(w) for c, w in zip(cols, widths)))
 
 
-BENCHES = {"ar": bench_ar}
+BENCHES = {"ar": bench_ar, "spec": bench_spec}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,6 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=8, help="spec: how many eval prompts (batch 1 each)")
+    p.add_argument("--drafters", nargs="+", default=["ngram", "bolt-nano"], help="spec: drafters to compare")
+    p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--json", type=Path, help="where to write the rows (default bench-results/NAME.json)")
     args = p.parse_args(argv)
     rows = BENCHES[args.name](args)

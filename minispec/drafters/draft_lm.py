@@ -3,6 +3,9 @@
 The drafts are *sampled* from the draft model's distribution q (through the same temperature /
 top-k / top-p as the target), and verification uses the full q: accept with min(1, p/q), resample
 from the residual on rejection. At temperature 0 the drafts are the draft model's argmax.
+
+With `argmax_drafts=True` the drafter always proposes its argmax, at any temperature; verification
+then treats q as one-hot (accept with probability p(x)). Both are exact; they accept differently.
 """
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ from minispec.spec.target import HFTarget, TargetOutput
 class DraftLMDrafter:
     needs_hidden_states = False
 
-    def __init__(self, model, num_draft_tokens: int = 4):
+    def __init__(self, model, num_draft_tokens: int = 4, argmax_drafts: bool = False):
         self.model = model
+        self.argmax_drafts = argmax_drafts
         self.lm = HFTarget(model)
         self.vocab_size = model.config.vocab_size
         self.num_draft_tokens = num_draft_tokens
@@ -30,18 +34,19 @@ class DraftLMDrafter:
     @torch.no_grad()
     def propose(self, last: torch.Tensor, k: int, sampling: Sampling, generator=None) -> Proposal:
         tokens, qs = [], []
+        greedy = self.argmax_drafts or sampling.temperature == 0
         x = last[:, None]
         for _ in range(k):
             logits = self.lm.forward(x).logits[:, -1]
             q = smp.sampling_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-            d = smp.greedy(logits) if sampling.temperature == 0 else smp.sample(q, generator)
+            d = smp.greedy(logits) if greedy else smp.sample(q, generator)
             tokens.append(d)
             qs.append(q)
             x = d[:, None]
         # Feed d_K as well, so the cache covers [last, d_1 .. d_K] and any outcome is a pure rollback.
         self.lm.forward(x)
         self._k = k
-        q = None if sampling.temperature == 0 else torch.stack(qs, dim=1)
+        q = None if greedy else torch.stack(qs, dim=1)
         return Proposal(torch.stack(tokens, dim=1), q)
 
     def commit(self, accepted: torch.Tensor, tokens: torch.Tensor, target_out: TargetOutput) -> None:

@@ -68,9 +68,12 @@ def describe(text: str, token: Token, cycle: int) -> str:
 
 
 def summary(records: list[CycleRecord]) -> str:
-    tau = f"{SpecStats(records).tau:.2f}" if records else "–"
+    """Verification cycles (the prefill's record, cycle 0, is not one), τ and tokens emitted."""
+    stats = SpecStats(records)
+    n = len(stats.verifications)
+    tau = f"{stats.tau:.2f}" if n else "–"
     tokens = sum(len(r.emitted) for r in records)
-    return f"cycles {len(records)} · τ {tau} · tokens {tokens}"
+    return f"cycles {n} · τ {tau} · tokens {tokens}"
 
 
 def _ids(ids) -> list[int]:

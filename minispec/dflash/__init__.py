@@ -1,0 +1,1 @@
+"""DFlash: block-parallel drafting conditioned on tapped target hidden states."""

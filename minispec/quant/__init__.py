@@ -1,0 +1,1 @@
+"""NVFP4 quantization: the format, calibration, sensitivity, recipes and QAD."""

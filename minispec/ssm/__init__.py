@@ -1,0 +1,1 @@
+"""Mamba-2: the mixer (recurrent and chunked), state handling, checkpoint + replay."""

@@ -68,6 +68,24 @@ def save(es: EvalSet, meta: dict, folder: Path = FOLDER) -> None:
     (folder / "evalset.json").write_text(json.dumps(meta, indent=0))
 
 
+@torch.no_grad()
+def score(model, es: EvalSet | None = None, limit: int | None = None) -> dict[str, float]:
+    """Next-token loss (nats) and argmax accuracy of `model` on the continuations, given each prompt.
+
+    Every continuation token is predicted from the true text before it (teacher forcing), so this
+    measures the model, not a decoding strategy.
+    """
+    es = es or load_evalset()
+    total_loss, correct, count = 0.0, 0, 0
+    for prompt, cont in list(zip(es.prompts, es.continuations))[:limit]:
+        ids = torch.cat([prompt, cont])[None]
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        total_loss += torch.nn.functional.cross_entropy(logits, cont, reduction="sum").item()
+        correct += (logits.argmax(-1) == cont).sum().item()
+        count += len(cont)
+    return {"loss": total_loss / count, "accuracy": correct / count, "tokens": count}
+
+
 def load_evalset(folder: Path = FOLDER) -> EvalSet:
     t = load_file(folder / "eval.safetensors")
     lengths = t["prompt_lengths"].long().tolist()

@@ -1,0 +1,196 @@
+"""The configuration of a DFlash drafter: its Qwen3-style backbone, and how it plugs into its target.
+
+A DFlash drafter (research/dflash.md §2) is a small non-causal decoder that reads the target's hidden
+states. Three groups of fields describe it:
+
+* the backbone: ``hidden_size``, ``num_hidden_layers``, heads, ``head_dim``, ``intermediate_size``,
+  ``layer_types`` / ``sliding_window`` (per-layer sliding-window attention), RoPE ``rope_theta``;
+* the block: ``block_size`` B (one anchor token and B-1 ``mask_token_id`` tokens, drafted in one
+  forward pass);
+* the target: ``target_layer_ids`` (whose *outputs* are tapped: HF ``hidden_states[i + 1]``),
+  ``num_target_layers``, ``target_hidden_size``, ``vocab_size``, ``final_logit_softcapping`` (Gemma
+  targets cap their logits, and a drafter that uses the target's head must do the same), and
+  ``has_own_lm_head`` (E4B ships its own copy of the head; the z-lab drafters share the target's).
+
+The tap ids are data, never a formula: E4B taps ``[5, 11, 17, 23, 35]`` of 42 layers, which is not
+what z-lab's default spacing would give, so every loader reads them from the config.
+"""
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+# Gamma of the loss decay w_k = exp(-(k-1)/gamma) suggested per block size (research/dflash.md §4).
+DEFAULT_GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
+
+
+class DFlashConfig(PretrainedConfig):
+    """A DFlash drafter. Build one for a target with `DFlashConfig.for_target`."""
+
+    model_type = "minispec_dflash"
+
+    # --- the drafter's backbone (Qwen3-style) ---
+    vocab_size: int = 4096
+    hidden_size: int = 192
+    intermediate_size: int = 384
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 3
+    num_key_value_heads: int = 1
+    head_dim: int = 64
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float | int = 1_000_000.0
+    max_position_embeddings: int = 4096
+    attention_bias: bool = False
+    layer_types: list[str] | None = None  # None: every layer sliding if sliding_window is set, else full
+    sliding_window: int | None = None
+    initializer_range: float = 0.02
+    # --- the block ---
+    block_size: int = 8
+    mask_token_id: int | None = None
+    # --- the target ---
+    target_layer_ids: list[int] | None = None  # 0-based; the OUTPUT of each layer is tapped
+    num_target_layers: int | None = None
+    target_hidden_size: int | None = None
+    has_own_lm_head: bool = False
+    final_logit_softcapping: float | int | None = None
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self, **kwargs):
+        if self.layer_types is None:
+            kind = SLIDING if self.sliding_window is not None else FULL
+            self.layer_types = [kind] * self.num_hidden_layers
+        self.layer_types = list(self.layer_types)
+        if self.target_layer_ids is not None:
+            self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        if self.target_hidden_size is None:
+            self.target_hidden_size = self.hidden_size
+        super().__post_init__(**kwargs)
+        self.check()
+
+    def check(self) -> None:
+        """Raise a ValueError naming the first inconsistent field."""
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "block_size", "target_hidden_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"DFlashConfig.{name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (one anchor and at least one mask token), got {self.block_size}")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        unknown = sorted(set(self.layer_types) - {SLIDING, FULL})
+        if unknown:
+            raise ValueError(f"unknown layer types {unknown}; expected {SLIDING!r} or {FULL!r}")
+        if SLIDING in self.layer_types:
+            if not isinstance(self.sliding_window, int) or self.sliding_window < self.block_size:
+                raise ValueError(f"sliding layers need sliding_window >= block_size ({self.block_size}), so that a "
+                                 f"block sees all of itself; got sliding_window={self.sliding_window!r}")
+        if self.mask_token_id is None:
+            raise ValueError("DFlashConfig needs mask_token_id: the token that fills the B-1 draft slots of a block "
+                             "(take it from the tokenizer with mask_token_id_of(tokenizer))")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        if not self.target_layer_ids:
+            raise ValueError("DFlashConfig needs target_layer_ids (the target layers whose outputs are tapped); "
+                             "they are read from the config, never recomputed")
+        if self.num_target_layers is not None:
+            check_tap_ids(self.target_layer_ids, self.num_target_layers)
+        if self.has_own_lm_head is False and self.hidden_size != self.target_hidden_size:
+            raise ValueError(f"a drafter that shares the target's output head needs hidden_size == target_hidden_size; "
+                             f"got {self.hidden_size} and {self.target_hidden_size} (set has_own_lm_head=True)")
+
+    @property
+    def num_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of one drafter layer, None for a full-attention layer."""
+        return self.sliding_window if self.layer_types[layer] == SLIDING else None
+
+    @classmethod
+    def for_target(cls, target_config, target_layer_ids, mask_token_id: int, **kwargs) -> "DFlashConfig":
+        """A drafter config that fits `target_config` (an HF config): vocab, target width and depth,
+        and the target's final-logit softcapping are copied from it; everything else is `kwargs`."""
+        return cls(
+            vocab_size=target_config.vocab_size,
+            target_hidden_size=target_config.hidden_size,
+            num_target_layers=target_config.num_hidden_layers,
+            final_logit_softcapping=getattr(target_config, "final_logit_softcapping", None),
+            target_layer_ids=list(target_layer_ids),
+            mask_token_id=mask_token_id,
+            **kwargs,
+        )
+
+
+def check_tap_ids(ids, num_target_layers: int) -> None:
+    """Tap ids must name layers 0 .. N-2 of an N-layer target.
+
+    The last layer (N-1) cannot be tapped: transformers returns `hidden_states[N]` *after* the final norm
+    (not the layer's output), and vLLM captures taps as the stream entering layer i+1 inside its layer
+    loop, which never reaches a layer N.
+    """
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= num_target_layers - 2]
+    if bad:
+        raise ValueError(f"target_layer_ids {bad} out of range for a {num_target_layers}-layer target: taps must lie "
+                         f"in [0, {num_target_layers - 2}] (the last layer's output is not available as a tap)")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"target_layer_ids {list(ids)} repeat a layer")
+
+
+def mask_token_id_of(tokenizer) -> int:
+    """The id of the tokenizer's `<mask>` token; a clear error if it has none (DFlash needs one)."""
+    mask_id = getattr(tokenizer, "mask_token_id", None)
+    if mask_id is None:
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        mask_id = vocab.get("<mask>")
+    if mask_id is None:
+        raise ValueError("the tokenizer has no <mask> token: DFlash fills the draft slots of each block with a mask "
+                         "token that must exist in the target's vocabulary (add one, e.g. mask_token='<mask>')")
+    return int(mask_id)
+
+
+def bolt_mini_dflash_config(**overrides) -> DFlashConfig:
+    """The DFlash drafter for bolt-mini, mirroring Bolt E4B's drafter at toy scale.
+
+    bolt-mini is a 12-layer Gemma-4 whose layers 5 and 11 are full attention (5 sliding + 1 full).
+    Taps follow E4B's principle (E4B taps the full-attention layers 5, 11, 17, 23 and the late full
+    layer 35 of its 42, never its last): the output of full-attention layer 5, which has seen the whole
+    context, plus the late layers 8 and 10, which are closest to the next-token prediction. Layer 11 is
+    full attention too but it is the last layer: its output is not available as a tap (`check_tap_ids`).
+
+    * B = 8 (E4B's block size; 7 drafts per cycle), gamma = 4 for the loss decay;
+    * 2 layers of hidden 192 with bolt-mini's heads (3 q / 1 kv of 64) and an MLP of 2 x hidden (E4B's
+      ratio); every layer sliding with bolt-mini's 128-token window, as every E4B drafter layer slides
+      with its target's window;
+    * the head is shared with the target (bolt-mini ties it to its embedding). An own head would be
+      4096 x 192 = 786k parameters, more than the rest of the drafter (~751k) and the largest thing to
+      learn on a CPU budget; sharing keeps the drafter's outputs in the target's own output space.
+      `has_own_lm_head=True` gives E4B's layout (initialised as a copy of the target's head).
+    """
+    from minispec.targets.configs import bolt_mini_config
+    from minispec.targets.tokenizer import SPECIAL_TOKENS
+
+    target = bolt_mini_config()
+    fields = dict(
+        target_layer_ids=[5, 8, 10],
+        mask_token_id=SPECIAL_TOKENS.index("<mask>"),
+        hidden_size=target.hidden_size,
+        intermediate_size=2 * target.hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=target.num_attention_heads,
+        num_key_value_heads=target.num_key_value_heads,
+        head_dim=target.head_dim,
+        sliding_window=target.sliding_window,
+        max_position_embeddings=target.max_position_embeddings,
+        block_size=8,
+    )
+    fields.update(overrides)
+    return DFlashConfig.for_target(target, **fields)

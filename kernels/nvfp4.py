@@ -142,7 +142,8 @@ def _quantize_kernel(x_ptr, codes_ptr, scales_ptr, g_ptr, n_blocks,
     if FOUR_OVER_SIX:
         scale_4 = _block_scale(block_amax, g, 4.0)
         values_4 = _e2m1_values(x, scale_4, g)
-        use_4 = _block_squared_error(x, values_4, scale_4, g, BLOCKS) < _block_squared_error(x, values, scale, g, BLOCKS)
+        error_4 = _block_squared_error(x, values_4, scale_4, g, BLOCKS)
+        use_4 = error_4 < _block_squared_error(x, values, scale, g, BLOCKS)  # strict: ties keep 6
         scale = tl.where(use_4, scale_4, scale)
         values = tl.where(use_4[:, None], values_4, values)
 

@@ -21,7 +21,10 @@ an ordinary NVFP4 tensor: nothing downstream knows which blocks chose 4.
 
 Decisions where the public implementations disagree (research §1.4–1.6), all tested:
   - op order follows NVIDIA Model Optimizer's `NVFP4QTensor`: g = amax / 2688, s_b from a_b / (6 · g),
-    codes from x / (s_b · g). Other orders (torchao multiplies by (1/g) / s_b) differ at exact ties.
+    codes from x / (s_b · g). torchao computes (a_b / 6) / g and x · ((1/g) / s_b): its block scales
+    and codes differ from these by one step where the exact value is a tie (common with bf16 inputs).
+    Four-over-six's "max → 4" scale is E4M3(a_b / (4 · g)); Model Optimizer reaches it as
+    (1.5 · a_b / 6) · 256 / (amax / 6), which can only differ at an exact E4M3 tie (equal in the tests).
   - block scales are floored at 2**-9, the smallest positive E4M3 value (a subnormal): an all-zero
     block gets s_b = 2**-9 (never 0, so never 0/0 = NaN) and dequantizes to zeros; a tiny block keeps
     the most accurate scale E4M3 can hold. torchao floors at 2**-6 (the smallest *normal* value),
@@ -29,8 +32,10 @@ Decisions where the public implementations disagree (research §1.4–1.6), all 
     Model Optimizer uses the same floor but stores 1.0 for an all-zero block.
   - g is floored at 2**-126 (the smallest normal float32) so s_b · g never underflows to 0: this
     covers the all-zero tensor, whose codes are then all 0.
-  - the sign of zero is kept, as IEEE conversion (and ml_dtypes, and the hardware cvt) keeps it: -0.0
-    and tiny negatives that round to zero get code 8 (-0). Model Optimizer gives -0.0 code 0.
+  - the sign of zero is kept, as IEEE conversions and ml_dtypes keep it: -0.0 and tiny negatives that
+    round to zero get code 8 (-0). Model Optimizer gives -0.0 (but not -0.1) code 0.
+  - four-over-six adds each block's 16 squared errors in a fixed pairwise order, so the kernel makes the
+    same choice even when the two errors differ only in their last bit.
   - elements are clamped to ±6 before rounding (only matters when the caller's global scale is too
     small for the tensor; then the block scale saturates at 448 and elements at ±6).
   - everything is computed in float32, whatever the input dtype: the scaled value is never rounded to
@@ -242,6 +247,10 @@ class NVFP4Tensor:
         if len({self.codes.device, self.block_scales.device, self.global_scale.device}) != 1:
             raise ValueError("NVFP4Tensor: codes, block_scales and global_scale must be on one device")
 
+    def __repr__(self) -> str:
+        return (f"NVFP4Tensor(shape={tuple(self.shape)}, global_scale={self.global_scale.item():.6g}, "
+                f"device={self.device}, {self.nbytes} bytes)")
+
     @property
     def device(self) -> torch.device:
         return self.codes.device
@@ -252,7 +261,8 @@ class NVFP4Tensor:
         return self.codes.numel() + self.block_scales.numel() + 4
 
     def to(self, device) -> "NVFP4Tensor":
-        return NVFP4Tensor(self.codes.to(device), self.block_scales.to(device), self.global_scale.to(device), self.shape)
+        return NVFP4Tensor(self.codes.to(device), self.block_scales.to(device), self.global_scale.to(device),
+                           self.shape)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """x̂ [..., K] in `dtype` (computed in float32, rounded to `dtype` once at the end)."""
@@ -269,7 +279,8 @@ def check_quantize_input(x: torch.Tensor) -> None:
     if x.dtype not in QUANTIZABLE_DTYPES:
         raise ValueError(f"NVFP4 quantize needs float32, float16 or bfloat16, got {x.dtype}")
     if x.dim() == 0 or x.numel() == 0:
-        raise ValueError(f"NVFP4 quantize needs a non-empty tensor with at least one dimension, got shape {tuple(x.shape)}")
+        raise ValueError(f"NVFP4 quantize needs a non-empty tensor with at least one dimension, "
+                         f"got shape {tuple(x.shape)}")
     if x.shape[-1] % BLOCK_SIZE:
         raise ValueError(
             f"NVFP4 blocks are {BLOCK_SIZE} elements along the last dimension, but x has shape {tuple(x.shape)} "

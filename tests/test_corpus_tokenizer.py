@@ -58,3 +58,18 @@ def test_frozen_evalset():
     assert all(0 <= int(p.min()) and int(p.max()) < 4096 for p in es.prompts)
     assert len(set(es.files)) > 50  # prompts come from many held-out files
     assert not set(es.files) & {f.relpath for f in corpus.iter_files("train")}
+
+
+@pytest.mark.parametrize("name", ["bolt-mini", "bolt-nano"])
+def test_recorded_eval_scores_are_reproduced(name):
+    """docs/models.md quotes each model's eval.json; the shipped weights must still give its numbers."""
+    import json
+
+    import minispec as ms
+    from minispec.targets.evalset import score
+
+    recorded = json.loads((CHECKPOINTS / name / "eval.json").read_text())
+    assert recorded["tokens"] == CONTINUATION * len(load_evalset())  # recorded over the whole set
+    got = score(ms.load_target(name)[0], limit=40)
+    assert got["loss"] == pytest.approx(recorded["first_40"]["loss"], rel=1e-4)
+    assert got["accuracy"] == pytest.approx(recorded["first_40"]["accuracy"], abs=1e-3)

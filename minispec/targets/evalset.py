@@ -2,7 +2,7 @@
 
 Every τ, accuracy and speed figure in minispec is measured on these prompts, so every machine
 measures the same thing whatever Python version (and so whatever stdlib) it has.
-Build (once, by `python -m minispec.targets.evalset`): for each test-split file, cut prompts of a
+Build (once, by `python -m minispec.targets.evalset build`): for each test-split file, cut prompts of a
 seeded random length in [64, 256] tokens at spaced offsets, each followed by the next 128 tokens
 of the file as its reference continuation.
 """
@@ -64,7 +64,7 @@ def save(es: EvalSet, meta: dict, folder: Path = FOLDER) -> None:
     lengths = torch.tensor([len(p) for p in es.prompts], dtype=torch.int16)
     save_file({"prompts": padded, "prompt_lengths": lengths, "continuations": es.continuations.to(torch.int16)},
               folder / "eval.safetensors")
-    meta = dict(meta, command="python -m minispec.targets.evalset", files=es.files, n=len(es))
+    meta = dict(meta, command="python -m minispec.targets.evalset build", files=es.files, n=len(es))
     (folder / "evalset.json").write_text(json.dumps(meta, indent=0))
 
 
@@ -94,10 +94,33 @@ def load_evalset(folder: Path = FOLDER) -> EvalSet:
     return EvalSet(prompts, t["continuations"].long(), files)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """`python -m minispec.targets.evalset build` writes the frozen set (once);
+    `python -m minispec.targets.evalset score bolt-mini` writes the model's scores to its eval.json."""
+    import argparse
+
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(FOLDER.parent / "tokenizer")
-    es, meta = build(tok)
-    save(es, meta)
-    print(f"{len(es)} prompts from {len(set(es.files))} files -> {FOLDER}")
+    p = argparse.ArgumentParser(prog="python -m minispec.targets.evalset")
+    p.add_argument("command", choices=["build", "score"])
+    p.add_argument("model", nargs="?", default="bolt-mini")
+    a = p.parse_args(argv)
+    if a.command == "build":
+        tok = AutoTokenizer.from_pretrained(FOLDER.parent / "tokenizer")
+        es, meta = build(tok)
+        save(es, meta)
+        print(f"{len(es)} prompts from {len(set(es.files))} files -> {FOLDER}")
+        return
+    from minispec.targets.load import load_target, resolve
+
+    model, _ = load_target(a.model)
+    result = dict(score(model), first_40=score(model, limit=40))
+    (resolve(a.model) / "eval.json").write_text(json.dumps(
+        dict(result, command=f"python -m minispec.targets.evalset score {a.model}",
+             what="teacher-forced next-token loss (nats) and argmax accuracy on the 128-token continuations "
+                  "of the frozen eval set"), indent=1))
+    print(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 TARGETS = {
     "bolt-mini": "python -m minispec.targets.train bolt-mini",
+    "bolt-nano": "python -m minispec.targets.train bolt-nano",  # bolt-mini's draft model; a causal LM too
 }
 
 

@@ -43,7 +43,7 @@ class Settings:
 
 
 # Per-model defaults; any field can be overridden on the command line.
-SETTINGS = {"bolt-mini": Settings(), "bolt-nano": Settings(steps=600, lr=3e-3)}
+SETTINGS = {"bolt-mini": Settings(), "bolt-nano": Settings(steps=500, lr=3e-3)}
 
 
 def lr_at(step: int, s: Settings) -> float:

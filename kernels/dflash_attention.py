@@ -20,10 +20,16 @@ Block keys are always visible (the wrapper requires W >= T).
 Numerics: scores, softmax statistics and the accumulator are float32. float32 inputs use IEEE
 products (no TF32), so the kernel matches the reference to ~1e-6; 16-bit inputs multiply in their own
 precision with float32 accumulation.
+
+Interpreter gap (triton 3.9): under TRITON_INTERPRET=1, `tl.dot` on bfloat16 operands returns garbage
+(off by ~1e10 on a 16x16 product; float16 and float32 are fine). So when this module was imported for
+the interpreter, bfloat16 tiles are widened to float32 right after loading (UPCAST). Compiled for a
+GPU, bfloat16 goes to the tensor cores as it is.
 """
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from minispec.dflash.model import check_attention_args
 
@@ -51,7 +57,7 @@ def _dflash_attention_kernel(
     svb_b, svb_t, svb_h, svb_d,
     so_b, so_t, so_h, so_d,
     T, D, window, scale,
-    GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -66,6 +72,8 @@ def _dflash_attention_kernel(
 
     q = tl.load(q_ptr + b * sq_b + t[:, None] * sq_t + h[:, None] * sq_h + d[None, :] * sq_d,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
     ctx_len = tl.load(lens_ptr + b).to(tl.int32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -82,6 +90,8 @@ def _dflash_attention_kernel(
         kv_mask = col_ok[:, None] & d_ok[None, :]
         k = tl.load(kc_ptr + b * skc_b + cols[:, None] * skc_n + g * skc_h + d[None, :] * skc_d,
                     mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         visible = row_ok[:, None] & col_ok[None, :]
         if HAS_WINDOW:
@@ -89,6 +99,8 @@ def _dflash_attention_kernel(
         s = tl.where(visible, s, float("-inf"))
         v = tl.load(vc_ptr + b * svc_b + cols[:, None] * svc_n + g * svc_h + d[None, :] * svc_d,
                     mask=kv_mask, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION)
 
     # The block's own keys: all T of them, for every row (bidirectional inside the block).
@@ -96,15 +108,23 @@ def _dflash_attention_kernel(
     col_ok = cols < T
     kv_mask = col_ok[:, None] & d_ok[None, :]
     k = tl.load(kb_ptr + b * skb_b + cols[:, None] * skb_t + g * skb_h + d[None, :] * skb_d, mask=kv_mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
     s = tl.where(row_ok[:, None] & col_ok[None, :], s, float("-inf"))
     v = tl.load(vb_ptr + b * svb_b + cols[:, None] * svb_t + g * svb_h + d[None, :] * svb_d, mask=kv_mask, other=0.0)
+    if UPCAST:
+        v = v.to(tl.float32)
     acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION)
 
     # Every real row has seen its own block, so l > 0; padding rows are not stored.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :] * so_d,
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+# Under the interpreter `@triton.jit` makes an InterpretedFunction, which is not a JITFunction.
+INTERPRETED = not isinstance(_dflash_attention_kernel, JITFunction)
 
 
 def _tile(n: int) -> int:
@@ -130,12 +150,13 @@ def dflash_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, 
         k_ctx = v_ctx = q.new_zeros(B, 1, Hkv, D)
     ctx_lens = ctx_lens.to(device=q.device, dtype=torch.int32).contiguous()
     group = Hq // Hkv
-    precision = "ieee" if q.dtype in (torch.float32, torch.float64) else "tf32"
+    upcast = INTERPRETED and q.dtype == torch.bfloat16  # the interpreter's bf16 tl.dot is wrong
+    precision = "ieee" if upcast or q.dtype in (torch.float32, torch.float64) else "tf32"
     _dflash_attention_kernel[(B, Hkv)](
         q, k_ctx, v_ctx, k_blk, v_blk, ctx_lens, out,
         *q.stride(), *k_ctx.stride(), *v_ctx.stride(), *k_blk.stride(), *v_blk.stride(), *out.stride(),
         T, D, 0 if window is None else int(window), float(D ** -0.5 if scale is None else scale),
-        GROUP=group, HAS_WINDOW=window is not None, DOT_PRECISION=precision,
+        GROUP=group, HAS_WINDOW=window is not None, DOT_PRECISION=precision, UPCAST=upcast,
         BLOCK_M=_tile(group * T), BLOCK_N=32, BLOCK_T=_tile(T), BLOCK_D=_tile(D),
     )
     return out

@@ -119,15 +119,14 @@ class DFlashConfig(PretrainedConfig):
     def for_target(cls, target_config, target_layer_ids, mask_token_id: int, **kwargs) -> "DFlashConfig":
         """A drafter config that fits `target_config` (an HF config): vocab, target width and depth,
         and the target's final-logit softcapping are copied from it; everything else is `kwargs`."""
-        return cls(
+        fields = dict(
             vocab_size=target_config.vocab_size,
             target_hidden_size=target_config.hidden_size,
             num_target_layers=target_config.num_hidden_layers,
             final_logit_softcapping=getattr(target_config, "final_logit_softcapping", None),
-            target_layer_ids=list(target_layer_ids),
-            mask_token_id=mask_token_id,
-            **kwargs,
         )
+        fields.update(kwargs)
+        return cls(target_layer_ids=list(target_layer_ids), mask_token_id=mask_token_id, **fields)
 
 
 def check_tap_ids(ids, num_target_layers: int) -> None:

@@ -84,6 +84,7 @@ def hf_dflash_config(config: DFlashConfig, dtype: torch.dtype = torch.float32) -
         "has_own_lm_head": config.has_own_lm_head,
         "final_logit_softcapping": config.final_logit_softcapping,
         "dtype": str(dtype).removeprefix("torch."),
+        "torch_dtype": str(dtype).removeprefix("torch."),  # the name transformers 4.x (and older vLLM) read
     }
 
 

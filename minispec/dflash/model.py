@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import AutoConfig, AutoModel, PreTrainedModel
 from transformers.activations import ACT2FN
 
 from minispec.backend import dispatch
@@ -298,10 +298,11 @@ class DFlashDraftModel(PreTrainedModel):
 
     @classmethod
     def for_target(cls, config: DFlashConfig, target) -> "DFlashDraftModel":
-        """A freshly initialised drafter attached to `target`; an own head starts as a copy of the target's."""
+        """A freshly initialised drafter attached to `target`; an own head of the target's shape starts
+        as a copy of the target's head (E4B's layout), any other own head at random."""
         model = cls(config).to(dtype=target.dtype)
         model.attach_target(target)
-        if config.has_own_lm_head:
+        if config.has_own_lm_head and model.lm_head.weight.shape == target.get_output_embeddings().weight.shape:
             with torch.no_grad():
                 model.lm_head.weight.copy_(target.get_output_embeddings().weight)
         return model
@@ -446,6 +447,11 @@ class DFlashDraftModel(PreTrainedModel):
 
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# So that AutoConfig / AutoModel open a folder written by `DFlashDraftModel.save_pretrained`.
+AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
+AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
 
 
 __all__ = ["DFlashCache", "DFlashDraftModel", "RMSNorm", "append_rows", "dflash_attention", "masked_attention",

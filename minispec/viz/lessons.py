@@ -1,13 +1,17 @@
 """The teaching pieces of notebook 01 (speculative sampling): figures, a widget, small experiments.
 
     speedup_curve(...)              the cost model, speedup = τ·C_t / (C_d + C_v), with break-even τ*
+                                    (speedup_curves: the same numbers as a dict)
     speculative_draws(p, q, n)      n one-draft speculative steps on a toy p and q: what comes out
+    emitted_histogram(draws)        their histogram, accepted drafts + residual tokens, against p
     acceptance_figure(p, q, n)      p next to q, and the histogram of emitted tokens next to p
     convergence_figure(p, q, ns)    that histogram after more and more draws
-    acceptance_explorer()           sliders that shape p and q; the picture above redraws
+    acceptance_explorer()           sliders that shape p and q (shaped_distribution); the picture redraws
     verification_table(...)         a hand-made `verify` call as a coloured table
     temperature_sweep(...)          τ of several drafters at several temperatures, on real models
-    draft_agreement(...)            the acceptance those drafters should get: Σ min(p, q) or p(argmax q)
+    draft_agreement(...)            the acceptance a draft should get: Σ min(p, q) or p(argmax q)
+    predicted_acceptance(...)       draft_agreement on the text a sweep generated, per temperature
+    rate_table(...)                 numbers by temperature as a plain-text table
 
 Notation as everywhere in minispec: p is the target's distribution, q the drafter's.
 """
@@ -100,8 +104,9 @@ def speedup_curve(draft_costs: Sequence[float] = (0.0, 0.25, 0.5, 1.0), c_target
     for label, (tau, c_d) in (marks or {}).items():
         s = costs.speedup(tau, c_target, c_d, c_verify)
         ax.plot([tau], [s], "*", color="black", markersize=13, zorder=5)
-        ax.annotate(f"{label}\nτ={tau:.2f} → {s:.2f}×", (tau, s), xytext=(6, 6), textcoords="offset points",
-                    fontsize=8)
+        # below right of the star: the lines rise to the right, so that corner is free
+        ax.annotate(f"{label}: τ = {tau:.2f} → {s:.2f}×", (tau, s), xytext=(9, -5), textcoords="offset points",
+                    fontsize=8, va="top", bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8})
         top = max(top, s)
     ax.set_xlim(1, max_tau)
     ax.set_ylim(0, top * 1.08)

@@ -16,7 +16,7 @@ Models are tiny and random (tests/tiny.py); exactness of the loop does not depen
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny import tiny_gemma
+from tiny import assert_same_as_ar, tiny_gemma
 
 import minispec as ms
 from minispec.costs import DFlashShape, dflash_kv_cache_bytes, dflash_param_count
@@ -222,16 +222,6 @@ def ragged_prompts(seed=0):
     """Prompts longer than the target's 16-token window and the drafter's 10-token window."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(4, 4096, (n,), generator=g) for n in (41, 23, 57)]
-
-
-def assert_same_as_ar(target, drafter, prompts, n, **kw):
-    ar = ms.autoregressive_generate(target, prompts, n)
-    spec = ms.speculative_generate(target, drafter, prompts, n, **kw)
-    assert torch.equal(spec.lengths, ar.lengths)
-    for b in range(len(prompts)):
-        k = int(ar.lengths[b])
-        assert spec.tokens[b, :k].tolist() == ar.tokens[b, :k].tolist(), f"row {b} differs from AR"
-    return spec
 
 
 def test_greedy_dflash_equals_ar_ragged_and_past_the_window(target):

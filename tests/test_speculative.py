@@ -1,6 +1,6 @@
 import pytest
 import torch
-from tiny import tiny_gemma
+from tiny import assert_same_as_ar, tiny_gemma
 
 import minispec as ms
 from minispec.drafters import DraftLMDrafter, NGramDrafter
@@ -22,16 +22,6 @@ def prompts_with_repeats(n_rows=3, seed=0):
         motif = torch.randint(4, 4096, (7,), generator=g)
         rows.append(torch.cat([motif.repeat(length // 7 + 1)[:length - 5], torch.randint(4, 4096, (5,), generator=g)]))
     return rows
-
-
-def assert_same_as_ar(target, drafter, prompts, n, **kw):
-    ar = ms.autoregressive_generate(target, prompts, n)
-    spec = ms.speculative_generate(target, drafter, prompts, n, **kw)
-    assert torch.equal(spec.lengths, ar.lengths)
-    for b in range(len(prompts)):
-        k = int(ar.lengths[b])
-        assert spec.tokens[b, :k].tolist() == ar.tokens[b, :k].tolist(), f"row {b} differs from AR"
-    return spec
 
 
 def test_rollback_equals_a_fresh_forward(target):

@@ -1,7 +1,8 @@
-"""Tiny random models for fast tests (importable from any test module: tests/ is on sys.path)."""
+"""Tiny random models and shared checks for fast tests (tests/ is on sys.path, so `from tiny import ...`)."""
 import torch
 from transformers import AutoTokenizer, Gemma4ForCausalLM, Gemma4TextConfig
 
+import minispec as ms
 from minispec.targets.load import CHECKPOINTS
 
 
@@ -19,3 +20,14 @@ def save_with_tokenizer(model, folder):
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer").save_pretrained(folder)
     return folder
+
+
+def assert_same_as_ar(target, drafter, prompts, n, **kw):
+    """Greedy speculative output equals autoregressive output, row by row; returns the spec result."""
+    ar = ms.autoregressive_generate(target, prompts, n)
+    spec = ms.speculative_generate(target, drafter, prompts, n, **kw)
+    assert torch.equal(spec.lengths, ar.lengths)
+    for b in range(len(prompts)):
+        k = int(ar.lengths[b])
+        assert spec.tokens[b, :k].tolist() == ar.tokens[b, :k].tolist(), f"row {b} differs from AR"
+    return spec

@@ -1,0 +1,228 @@
+"""Train a DFlash drafter for a shipped target on CPU: `python -m minispec.dflash.train --target bolt-mini`.
+
+One step (research/dflash.md §4):
+
+    x        = a seeded batch of training windows                      (same batch for the same (seed, step))
+    F, p_t   = ONE frozen target forward: tap features (and its logits for distillation)
+    anchors  = re-sampled every step from a generator seeded by (seed, step)
+    logits   = ONE drafter forward over all blocks, with the training mask (`DFlashDraftModel.forward`)
+    loss     = (1 - distill) * weighted CE(x[a + k]) + distill * weighted soft CE against the target's
+               distribution for token a + k (read at position a + k - 1); the anchor has no loss
+
+Only the drafter's own weights train: the target (whose embedding, and head unless the drafter has its
+own, the drafter borrows) is frozen and never handed to the optimizer. Resumable like
+`minispec.targets.train`: `train_state.pt` in the work dir, checked against the settings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from minispec.dflash import mask as dmask
+from minispec.dflash.config import bolt_mini_dflash_config
+from minispec.dflash.model import DFlashDraftModel, num_parameters
+from minispec.targets import corpus, data
+from minispec.targets.load import CHECKPOINTS, load_target
+
+
+@dataclass
+class Settings:
+    steps: int = 400
+    batch: int = 8
+    seq_len: int = 512
+    num_anchors: int = 64  # blocks per sequence per step
+    gamma: float = 4.0  # loss decay exp(-(k-1)/gamma); 4 for B = 8
+    distill: float = 0.0  # weight of the soft-label loss against the target (0: hard labels only)
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 20
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    ckpt_every: int = 50
+    eval_windows: int = 32
+
+
+# Per-target defaults; any field can be overridden on the command line.
+SETTINGS = {"bolt-mini": Settings()}
+CONFIGS = {"bolt-mini": bolt_mini_dflash_config}
+
+
+def lr_at(step: int, s: Settings) -> float:
+    """Linear warmup, then cosine decay to `min_lr_ratio * lr`."""
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def freeze(target) -> None:
+    """The target is fixed: no gradients into it, nor into the embedding / head the drafter borrows."""
+    target.eval()
+    target.requires_grad_(False)
+
+
+def sample_blocks(x: torch.Tensor, drafter: DFlashDraftModel, s: Settings, step: int) -> dmask.Blocks:
+    """This step's anchors (seeded by (seed, step), so a resumed run draws the same ones) and their blocks."""
+    g = torch.Generator().manual_seed(s.seed * 1_000_003 + step + 500_009)
+    T = drafter.config.block_size
+    anchors, valid = dmask.sample_anchors(torch.ones_like(x), T, s.num_anchors, g)
+    return dmask.make_blocks(x, anchors, valid, T, drafter.config.mask_token_id, gamma=s.gamma)
+
+
+def soft_loss(logits: torch.Tensor, teacher: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum(w * CE(softmax(teacher), logits)) / sum(w): the soft-label version of `mask.dflash_loss`."""
+    ce = -(teacher.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1)
+    w = weights.to(ce.dtype)
+    return (w * ce).sum() / w.sum().clamp(min=torch.finfo(ce.dtype).tiny)
+
+
+def teacher_logits(target_logits: torch.Tensor, blocks: dmask.Blocks) -> torch.Tensor:
+    """[Bs, S, V] target logits -> [Bs, N, T, V]: token a + k is predicted at position a + k - 1."""
+    S, V = target_logits.shape[1:]
+    index = (blocks.positions - 1).clamp(0, S - 1).flatten(1)  # k = 0 has weight 0; clamped past the end
+    return target_logits.gather(1, index[..., None].expand(-1, -1, V)).view(*blocks.positions.shape, V)
+
+
+def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, s: Settings, step: int):
+    """(loss, weighted accuracy) of one batch of windows x [Bs, S]."""
+    with torch.no_grad():
+        out = target(input_ids=x, output_hidden_states=True)
+    blocks = sample_blocks(x, drafter, s, step)
+    logits = drafter(drafter.tap(out.hidden_states), blocks)  # [Bs, N, T, V]
+    loss = dmask.dflash_loss(logits, blocks.labels, blocks.weights) if s.distill < 1 else 0.0
+    if s.distill > 0:
+        soft = soft_loss(logits, teacher_logits(out.logits, blocks), blocks.weights)
+        loss = (1 - s.distill) * loss + s.distill * soft
+    return loss, dmask.weighted_accuracy(logits.detach(), blocks.labels, blocks.weights)
+
+
+@torch.no_grad()
+def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor, s: Settings) -> dict[str, float]:
+    """Mean loss and weighted accuracy over `[n, L]` windows, with fixed anchors (step -1's)."""
+    drafter.eval()
+    losses, accs = [], []
+    for i in range(0, len(windows), s.batch):
+        loss, acc = step_loss(drafter, target, windows[i: i + s.batch], s, step=-1)
+        losses.append(float(loss))
+        accs.append(acc)
+    return {"loss": sum(losses) / len(losses), "accuracy": sum(accs) / len(accs)}
+
+
+def make_optimizer(drafter: DFlashDraftModel, s: Settings) -> torch.optim.AdamW:
+    params = [p for p in drafter.parameters() if p.requires_grad]  # the drafter's own weights only
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+
+
+def load_state(path: Path, drafter, opt, s: Settings) -> tuple[int, list[dict]]:
+    """Resume from `path` if it exists: (start step, history)."""
+    if not path.exists():
+        return 0, []
+    state = torch.load(path, weights_only=False)
+    if state["settings"] != asdict(s):
+        raise ValueError(f"{path} was written with other settings: {state['settings']}; "
+                         "delete it or rerun with the same settings")
+    drafter.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    print(f"resuming from step {state['step']}")
+    return state["step"], state["history"]
+
+
+def save_state(path: Path, drafter, opt, step: int, history: list[dict], s: Settings) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                "history": history, "settings": asdict(s)}, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+
+
+def train(drafter: DFlashDraftModel, target, train_ids: torch.Tensor, s: Settings, work_dir: Path,
+          stop_after: int | None = None, desc: str = "train dflash") -> list[dict]:
+    """Train `drafter` (attached to `target`) in place on windows of the token stream `train_ids` [n].
+
+    Resumes from `work_dir/train_state.pt`. `stop_after` ends the run early (after that step count,
+    with a checkpoint), as an interruption would. Returns the history: per step {"loss", "accuracy"}.
+    """
+    freeze(target)
+    drafter.attach_target(target)
+    opt = make_optimizer(drafter, s)
+    ckpt = Path(work_dir) / "train_state.pt"
+    start, history = load_state(ckpt, drafter, opt, s)
+    end = s.steps if stop_after is None else min(s.steps, stop_after)
+    drafter.train()
+    bar = tqdm(range(start, end), initial=start, total=s.steps, desc=desc)
+    for step in bar:
+        x = data.random_windows(train_ids, s.batch, s.seq_len, s.seed, step)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, s)
+        loss, acc = step_loss(drafter, target, x, s, step)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), s.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        history.append({"loss": loss.item(), "accuracy": acc})
+        recent = history[-20:]
+        bar.set_postfix(loss=f"{sum(h['loss'] for h in recent) / len(recent):.3f}",
+                        acc=f"{sum(h['accuracy'] for h in recent) / len(recent):.3f}")
+        if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
+            save_state(ckpt, drafter, opt, step + 1, history, s)
+    drafter.eval()
+    return history
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="bolt-mini", choices=sorted(CONFIGS))
+    p.add_argument("--out", type=Path, help="output folder (default: minispec/checkpoints/<target>-dflash)")
+    p.add_argument("--work-dir", type=Path, help="where resumable train state lives")
+    for field, default in asdict(Settings()).items():
+        p.add_argument("--" + field.replace("_", "-"), type=type(default), help=f"default: per target ({default})")
+    a = p.parse_args(argv)
+    overrides = {k: getattr(a, k) for k in asdict(Settings()) if getattr(a, k) is not None}
+    s = Settings(**(asdict(SETTINGS[a.target]) | overrides))
+    out = a.out or CHECKPOINTS / f"{a.target}-dflash"
+    work_dir = a.work_dir or data.cache_dir() / "train" / f"{a.target}-dflash"
+
+    target, tok = load_target(a.target)
+    torch.manual_seed(s.seed)
+    drafter = DFlashDraftModel.for_target(CONFIGS[a.target](), target)
+    history = train(drafter, target, data.token_stream("train", tok), s, work_dir)
+    val = data.sequential_windows(data.token_stream("val", tok), s.seq_len, s.eval_windows)
+    metrics = evaluate(drafter, target, val, s)
+    out.mkdir(parents=True, exist_ok=True)
+    drafter.save_pretrained(out)
+    recent = history[-100:]
+    record = {
+        "command": "python -m minispec.dflash.train " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "target": a.target,
+        "settings": asdict(s),
+        "train_data_sha256": corpus.data_hash(corpus.iter_files("train")),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "parameters": num_parameters(drafter),
+        "final_train_loss_avg100": sum(h["loss"] for h in recent) / len(recent),
+        "final_train_accuracy_avg100": sum(h["accuracy"] for h in recent) / len(recent),
+        "val_loss": metrics["loss"],
+        "val_weighted_accuracy": metrics["accuracy"],
+        "val_windows": f"{len(val)} x {s.seq_len} tokens from the val split",
+        "loss_history_every_10": [h["loss"] for h in history[::10]],
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    (out / "training.json").write_text(json.dumps(record, indent=1))
+    print(f"val loss {metrics['loss']:.4f}  weighted accuracy {metrics['accuracy']:.4f}  -> {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
 import time
@@ -33,6 +32,7 @@ from minispec.dflash.config import bolt_mini_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
 from minispec.targets import corpus, data
 from minispec.targets.load import CHECKPOINTS, load_target
+from minispec.targets.train import lr_at  # the same warmup + cosine schedule as the targets
 
 
 @dataclass
@@ -56,14 +56,6 @@ class Settings:
 # Per-target defaults; any field can be overridden on the command line.
 SETTINGS = {"bolt-mini": Settings()}
 CONFIGS = {"bolt-mini": bolt_mini_dflash_config}
-
-
-def lr_at(step: int, s: Settings) -> float:
-    """Linear warmup, then cosine decay to `min_lr_ratio * lr`."""
-    if step < s.warmup:
-        return s.lr * (step + 1) / s.warmup
-    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
-    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def freeze(target) -> None:

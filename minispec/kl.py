@@ -27,8 +27,12 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def check_kl_args(teacher_logits: torch.Tensor, student_logits: torch.Tensor, temperature: float,
-                  reduction: str) -> None:
-    """ValueError naming the problem, for anything the reference and the kernel must both refuse."""
+                  reduction: str, check_finite: bool = True) -> None:
+    """ValueError naming the problem, for anything the reference and the kernel must both refuse.
+
+    check_finite=False skips the pass over the logits that looks for NaN/inf: the kernel finds those
+    itself while it streams the vocabulary (a separate torch.isfinite would allocate [..., V] bools).
+    """
     if not isinstance(teacher_logits, torch.Tensor) or not isinstance(student_logits, torch.Tensor):
         raise ValueError("teacher_logits and student_logits must be tensors")
     if teacher_logits.shape != student_logits.shape:
@@ -47,9 +51,14 @@ def check_kl_args(teacher_logits: torch.Tensor, student_logits: torch.Tensor, te
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if reduction == "mean" and teacher_logits.numel() == 0:
         raise ValueError("reduction='mean' over zero rows is undefined")
-    for name, x in (("teacher_logits", teacher_logits), ("student_logits", student_logits)):
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{name} contains NaN or ±inf; KL needs finite logits")
+    if check_finite:
+        for name, x in (("teacher_logits", teacher_logits), ("student_logits", student_logits)):
+            if not bool(torch.isfinite(x).all()):
+                raise non_finite_error(name)
+
+
+def non_finite_error(name: str) -> ValueError:
+    return ValueError(f"{name} contains NaN or ±inf; KL needs finite logits")
 
 
 def reduce_rows(kl: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -610,6 +610,8 @@ class Mamba2ScanInputs:
     z [b, T, d_inner] (gate, activation dtype); x [b, T, H, P]; dt [b, T, H] (after softplus and clamp);
     A [H]; B, C [b, T, G, N]; D [H]; conv [b, conv_dim, K-1] (the conv window after these T tokens).
     x, dt, B (and C for the outputs) are the per-token records a checkpoint + replay buffer caches.
+    xbc [b, T, conv_dim] is the pre-conv input of these tokens: the conv window after the first n of
+    them is the last K-1 columns of (incoming conv ++ xbc[:, :n]), which is how a rollback rebuilds it.
     """
 
     z: Tensor
@@ -620,6 +622,7 @@ class Mamba2ScanInputs:
     C: Tensor
     D: Tensor
     conv: Tensor
+    xbc: Tensor | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -734,15 +737,16 @@ class Mamba2Mixer(nn.Module):
             )
             mask = attention_mask[..., None].to(hidden_states.dtype)
             hidden_states = hidden_states * mask  # padding writes nothing ...
-        z, xBC, dt_raw = split_projection(self.in_proj(hidden_states), cfg)
-        xBC, conv = causal_conv1d(xBC, self.conv1d.weight, self.conv1d.bias, state.conv)
+        z, xbc, dt_raw = split_projection(self.in_proj(hidden_states), cfg)
+        xBC, conv = causal_conv1d(xbc, self.conv1d.weight, self.conv1d.bias, state.conv)
         xBC = self.act(xBC)
         if mask is not None:
             xBC = xBC * mask  # ... and reads nothing through the conv window
         sdt = state.ssm.dtype
         x, B, C = (t.to(sdt) for t in split_xbc(xBC, cfg))
         dt, A = discretize(dt_raw.to(sdt), self.dt_bias, self.A_log, cfg.time_step_limit)
-        return Mamba2ScanInputs(z=z, x=x, dt=dt, A=A, B=B, C=C, D=self.D.to(sdt), conv=conv.to(state.conv.dtype))
+        return Mamba2ScanInputs(z=z, x=x, dt=dt, A=A, B=B, C=C, D=self.D.to(sdt), conv=conv.to(state.conv.dtype),
+                                xbc=xbc)
 
     def scan_output(self, y: Tensor, z: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """Everything after the scan: y [b, T, H, P], z [b, T, d_inner] -> out_proj(gated_rms_norm(y, z)) [b, T, D].

@@ -7,7 +7,7 @@ global layers of its target.
 """
 from __future__ import annotations
 
-from transformers import Gemma4TextConfig
+from transformers import Gemma4TextConfig, NemotronHConfig
 
 from minispec.targets.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE
 
@@ -42,4 +42,46 @@ def bolt_nano_config() -> Gemma4TextConfig:
     return bolt_mini_config(num_hidden_layers=2)
 
 
-CONFIGS = {"bolt-mini": bolt_mini_config, "bolt-nano": bolt_nano_config}
+# Nemotron-H letters: M = Mamba-2, E = mixture-of-experts MLP, * = attention, - = dense MLP.
+LIGHTNING_MINI_PATTERN = "MEM*M-ME"
+
+
+def lightning_mini_config() -> NemotronHConfig:
+    """lightning-mini: Nemotron-H's hybrid layout at toy scale, the Mamba replay target.
+
+    Like Nemotron 3, most token mixing is Mamba-2 (4 of 8 layers), one attention layer (no positional
+    encoding: Nemotron-H attention has no RoPE, the Mamba layers carry position), and the channel
+    mixing is dense relu^2 MLPs and routed MoE MLPs (4 experts, top-2 by sigmoid score, plus one shared
+    expert). Mamba: H=8 heads of P=32, state N=32, G=2 groups, conv K=4. Untied embedding and head,
+    as in Nemotron-H.
+    """
+    return NemotronHConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=256,
+        hybrid_override_pattern=LIGHTNING_MINI_PATTERN,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        mamba_num_heads=8,
+        mamba_head_dim=32,
+        ssm_state_size=32,
+        n_groups=2,
+        conv_kernel=4,
+        chunk_size=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+        moe_shared_expert_intermediate_size=256,
+        n_group=1,
+        topk_group=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        pad_token_id=SPECIAL_TOKENS.index("<pad>"),
+        eos_token_id=SPECIAL_TOKENS.index("<eos>"),
+        bos_token_id=SPECIAL_TOKENS.index("<bos>"),
+        attn_implementation="sdpa",
+    )
+
+
+CONFIGS = {"bolt-mini": bolt_mini_config, "bolt-nano": bolt_nano_config, "lightning-mini": lightning_mini_config}

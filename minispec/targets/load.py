@@ -14,6 +14,7 @@ CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 TARGETS = {
     "bolt-mini": "python -m minispec.targets.train bolt-mini",
     "bolt-nano": "python -m minispec.targets.train bolt-nano",  # bolt-mini's draft model; a causal LM too
+    "lightning-mini": "python -m minispec.targets.train lightning-mini",  # Nemotron-H hybrid (Mamba replay)
 }
 
 

@@ -32,25 +32,32 @@ from minispec.dflash.config import bolt_mini_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
 from minispec.targets import corpus, data
 from minispec.targets.load import CHECKPOINTS, load_target
+from minispec.targets.replies import Replies, generate_replies
 from minispec.targets.train import lr_at  # the same warmup + cosine schedule as the targets
 
 
 @dataclass
 class Settings:
-    steps: int = 400
+    steps: int = 600
     batch: int = 8
-    seq_len: int = 512
+    seq_len: int = 512  # window length when training on a token stream instead of replies
+    # Training data: the target's own replies to train-split prompts (research/dflash.md §4: DFlash
+    # regenerates its responses with the target), greedy ones for T = 0 and sampled ones for T > 0.
+    greedy_replies: int = 1024
+    sampled_replies: int = 512
+    prompt_len: int = 64
+    reply_len: int = 256
     num_anchors: int = 64  # blocks per sequence per step
     gamma: float = 4.0  # loss decay exp(-(k-1)/gamma); 4 for B = 8
-    distill: float = 0.0  # weight of the soft-label loss against the target (0: hard labels only)
-    lr: float = 1e-3
+    distill: float = 0.5  # weight of the soft-label loss against the target (0: hard labels only)
+    lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup: int = 20
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0
     ckpt_every: int = 50
-    eval_windows: int = 32
+    eval_replies: int = 32  # greedy replies to val-split prompts
 
 
 # Per-target defaults; any field can be overridden on the command line.
@@ -64,12 +71,22 @@ def freeze(target) -> None:
     target.requires_grad_(False)
 
 
-def sample_blocks(x: torch.Tensor, drafter: DFlashDraftModel, s: Settings, step: int) -> dmask.Blocks:
+def batch_at(dataset: torch.Tensor | Replies, s: Settings, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step `step`'s batch (x [Bs, S], loss_mask [Bs, S]): rows of `Replies` (loss on reply tokens only),
+    or windows of a token stream (loss everywhere). Seeded by (seed, step), so resuming is exact."""
+    if isinstance(dataset, Replies):
+        return dataset.batch(s.batch, s.seed, step)
+    x = data.random_windows(dataset, s.batch, s.seq_len, s.seed, step)
+    return x, torch.ones_like(x)
+
+
+def sample_blocks(x: torch.Tensor, loss_mask: torch.Tensor, drafter: DFlashDraftModel, s: Settings,
+                  step: int) -> dmask.Blocks:
     """This step's anchors (seeded by (seed, step), so a resumed run draws the same ones) and their blocks."""
     g = torch.Generator().manual_seed(s.seed * 1_000_003 + step + 500_009)
     T = drafter.config.block_size
-    anchors, valid = dmask.sample_anchors(torch.ones_like(x), T, s.num_anchors, g)
-    return dmask.make_blocks(x, anchors, valid, T, drafter.config.mask_token_id, gamma=s.gamma)
+    anchors, valid = dmask.sample_anchors(loss_mask, T, s.num_anchors, g)
+    return dmask.make_blocks(x, anchors, valid, T, drafter.config.mask_token_id, loss_mask=loss_mask, gamma=s.gamma)
 
 
 def soft_loss(logits: torch.Tensor, teacher: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -86,11 +103,11 @@ def teacher_logits(target_logits: torch.Tensor, blocks: dmask.Blocks) -> torch.T
     return target_logits.gather(1, index[..., None].expand(-1, -1, V)).view(*blocks.positions.shape, V)
 
 
-def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, s: Settings, step: int):
-    """(loss, weighted accuracy) of one batch of windows x [Bs, S]."""
+def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, loss_mask: torch.Tensor, s: Settings, step: int):
+    """(loss, weighted accuracy) of one batch x [Bs, S] whose tokens with loss_mask = 1 carry loss."""
     with torch.no_grad():
         out = target(input_ids=x, output_hidden_states=True)
-    blocks = sample_blocks(x, drafter, s, step)
+    blocks = sample_blocks(x, loss_mask, drafter, s, step)
     logits = drafter(drafter.tap(out.hidden_states), blocks)  # [Bs, N, T, V]
     loss = dmask.dflash_loss(logits, blocks.labels, blocks.weights) if s.distill < 1 else 0.0
     if s.distill > 0:
@@ -100,12 +117,16 @@ def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, s: Settings, s
 
 
 @torch.no_grad()
-def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor, s: Settings) -> dict[str, float]:
-    """Mean loss and weighted accuracy over `[n, L]` windows, with fixed anchors (step -1's)."""
+def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor | Replies, s: Settings) -> dict[str, float]:
+    """Mean loss and weighted accuracy over `[n, L]` windows (loss everywhere) or `Replies`, with fixed
+    anchors (step -1's)."""
     drafter.eval()
+    if not isinstance(windows, Replies):
+        windows = Replies(windows, torch.ones_like(windows))
     losses, accs = [], []
     for i in range(0, len(windows), s.batch):
-        loss, acc = step_loss(drafter, target, windows[i: i + s.batch], s, step=-1)
+        x, loss_mask = windows.input_ids[i: i + s.batch], windows.loss_mask[i: i + s.batch]
+        loss, acc = step_loss(drafter, target, x, loss_mask, s, step=-1)
         losses.append(float(loss))
         accs.append(acc)
     return {"loss": sum(losses) / len(losses), "accuracy": sum(accs) / len(accs)}
@@ -140,9 +161,10 @@ def save_state(path: Path, drafter, opt, step: int, history: list[dict], s: Sett
     path.with_suffix(".tmp").replace(path)
 
 
-def train(drafter: DFlashDraftModel, target, train_ids: torch.Tensor, s: Settings, work_dir: Path,
+def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s: Settings, work_dir: Path,
           stop_after: int | None = None, desc: str = "train dflash") -> list[dict]:
-    """Train `drafter` (attached to `target`) in place on windows of the token stream `train_ids` [n].
+    """Train `drafter` (attached to `target`) in place on `dataset`: the target's `Replies` (loss on the
+    reply tokens), or windows of a token stream [n].
 
     Resumes from `work_dir/train_state.pt`. `stop_after` ends the run early (after that step count,
     with a checkpoint), as an interruption would. Returns the history: per step {"loss", "accuracy"}.
@@ -156,10 +178,10 @@ def train(drafter: DFlashDraftModel, target, train_ids: torch.Tensor, s: Setting
     drafter.train()
     bar = tqdm(range(start, end), initial=start, total=s.steps, desc=desc)
     for step in bar:
-        x = data.random_windows(train_ids, s.batch, s.seq_len, s.seed, step)
+        x, loss_mask = batch_at(dataset, s, step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, s)
-        loss, acc = step_loss(drafter, target, x, s, step)
+        loss, acc = step_loss(drafter, target, x, loss_mask, s, step)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), s.grad_clip)
         opt.step()
@@ -172,6 +194,13 @@ def train(drafter: DFlashDraftModel, target, train_ids: torch.Tensor, s: Setting
             save_state(ckpt, drafter, opt, step + 1, history, s)
     drafter.eval()
     return history
+
+
+def training_replies(target, tokenizer, s: Settings) -> Replies:
+    """The target's greedy and sampled (T = 1) replies to train-split prompts, cached on disk."""
+    parts = [generate_replies(target, tokenizer, n, s.prompt_len, s.reply_len, temperature, seed=s.seed + i)
+             for i, (n, temperature) in enumerate([(s.greedy_replies, 0.0), (s.sampled_replies, 1.0)]) if n]
+    return Replies(torch.cat([p.input_ids for p in parts]), torch.cat([p.loss_mask for p in parts]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,8 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     target, tok = load_target(a.target)
     torch.manual_seed(s.seed)
     drafter = DFlashDraftModel.for_target(CONFIGS[a.target](), target)
-    history = train(drafter, target, data.token_stream("train", tok), s, work_dir)
-    val = data.sequential_windows(data.token_stream("val", tok), s.seq_len, s.eval_windows)
+    history = train(drafter, target, training_replies(target, tok, s), s, work_dir)
+    val = generate_replies(target, tok, s.eval_replies, s.prompt_len, s.reply_len, 0.0, split="val", seed=s.seed)
     metrics = evaluate(drafter, target, val, s)
     out.mkdir(parents=True, exist_ok=True)
     drafter.save_pretrained(out)
@@ -208,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         "final_train_accuracy_avg100": sum(h["accuracy"] for h in recent) / len(recent),
         "val_loss": metrics["loss"],
         "val_weighted_accuracy": metrics["accuracy"],
-        "val_windows": f"{len(val)} x {s.seq_len} tokens from the val split",
+        "val_data": f"{len(val)} greedy replies of {s.reply_len} tokens to {s.prompt_len}-token val-split prompts",
         "loss_history_every_10": [h["loss"] for h in history[::10]],
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

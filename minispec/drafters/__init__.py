@@ -1,17 +1,27 @@
 """Drafters: anything that implements the protocol in `minispec.drafters.base`."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from minispec.drafters.base import Drafter, Proposal, Sampling
 from minispec.drafters.draft_lm import DraftLMDrafter
 from minispec.drafters.ngram import NGramDrafter
 
 # Shipped draft models: name -> the command that builds its folder under minispec/checkpoints/.
-DRAFT_MODELS = {"bolt-nano": "python -m minispec.targets.train bolt-nano"}
+DRAFT_MODELS = {"bolt-nano": "python -m minispec.targets.train bolt-nano",
+                "bolt-mini-dflash": "python -m minispec.dflash.train --target bolt-mini"}
+
+
+def is_dflash_folder(folder) -> bool:
+    """A DFlash drafter folder, minispec's own (`save_pretrained`) or exported HF-native (vLLM / z-lab)."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return "DFlashDraftModel" in config.get("architectures", []) or "dflash_config" in config
 
 
 def load_drafter(name_or_path, target, num_draft_tokens: int | None = None):
-    """A drafter for `target`: "ngram" (prompt lookup), a shipped draft model by name ("bolt-nano"),
-    or a local HF causal-LM folder used as a draft model."""
+    """A drafter for `target`: "ngram" (prompt lookup), a shipped drafter by name ("bolt-nano",
+    "bolt-mini-dflash"), a local DFlash drafter folder, or a local HF causal-LM folder used as a draft model."""
     from transformers import AutoModelForCausalLM
 
     from minispec.targets.load import resolve
@@ -20,6 +30,10 @@ def load_drafter(name_or_path, target, num_draft_tokens: int | None = None):
     if name_or_path == "ngram":
         return NGramDrafter(target.config.vocab_size, **kwargs)
     folder = resolve(name_or_path, DRAFT_MODELS, kind="drafter", also=["ngram"])
+    if is_dflash_folder(folder):
+        from minispec.dflash.drafter import DFlashDrafter
+
+        return DFlashDrafter.from_pretrained(folder, target, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=target.dtype).eval()
     if model.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"drafter {str(name_or_path)!r} has vocab size {model.config.vocab_size} but the target "

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 import minispec as ms
+from minispec.kl_bench import bench_kl
 
 
 def machine() -> dict:
@@ -94,7 +95,7 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(str(r[c]).rjust(w) for c, w in zip(cols, widths)))
 
 
-BENCHES = {"ar": bench_ar, "spec": bench_spec}
+BENCHES = {"ar": bench_ar, "spec": bench_spec, "kl": bench_kl}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -174,3 +174,14 @@ BAD_INPUTS = [
 def test_bad_input_is_a_clear_error(fn, teacher, student, kw, message):
     with pytest.raises(ValueError, match=message):
         fn(teacher, student, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_equals_reference_on_gpu_at_full_vocabulary(dtype):
+    teacher = logits((64, 262_144), dtype, 15).cuda()
+    student = logits((64, 262_144), dtype, 16).cuda()
+    want, want_grad = run(kl.kl_divergence.reference, teacher, student, 1.0, "none")
+    got, got_grad = run(fused_kl.kl_divergence, teacher, student, 1.0, "none")
+    torch.testing.assert_close(got.cpu(), want.cpu(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(got_grad.float().cpu(), want_grad.float().cpu(), atol=1e-12, rtol=2**-8)

@@ -1,0 +1,85 @@
+"""Benchmark rows for the forward KL: `python -m minispec.bench kl`.
+
+`bench_kl(args)` times KL(teacher ‖ student) on bf16 logits, forward and forward + backward, for:
+    torch reference             two float32 log-softmaxes over the whole vocabulary (minispec.kl)
+    torch.compile(reference)    the same, fused by Inductor as it sees fit
+    triton                      kernels/fused_kl.py: vocabulary chunks with an online log-sum-exp
+On CUDA: tokens in {4096, 16384, 32768} at V = 262,144 (Nemotron 3.5's vocabulary), with each method's
+peak allocated memory above the inputs (logits and, for the backward, the gradient); a method that runs
+out of memory gets a row saying so. On a CPU only the reference runs, on a small shape (the kernel
+would run in Triton's interpreter, which measures the interpreter), so the function stays testable
+anywhere. Times are the best of `args.repeats` runs; `speedup` is against the reference's row.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minispec.kl import kl_divergence
+
+GIB = 2**30
+
+
+def _best_ms(fn, repeats: int, cuda: bool) -> float:
+    fn()
+    fn()  # warm-up: compilation, autotuning, allocator
+    best = float("inf")
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def bench_kl(args) -> list[dict]:
+    """KL forward / forward+backward timings and peak memory (see the module docstring)."""
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    repeats = int(getattr(args, "repeats", 3) or 3)
+    shapes = [(n, 262_144) for n in (4096, 16384, 32768)] if cuda else [(64, 32_768)]
+    methods = {"torch reference": kl_divergence.reference}
+    if cuda:
+        methods["torch.compile(reference)"] = torch.compile(kl_divergence.reference, dynamic=False)
+        methods["triton"] = kl_divergence.kernel
+    generator = torch.Generator(device).manual_seed(0)
+    rows = []
+    for tokens, vocab in shapes:
+        teacher = (torch.randn(tokens, vocab, device=device, generator=generator) * 3).to(torch.bfloat16)
+        student = (torch.randn(tokens, vocab, device=device, generator=generator) * 3).to(torch.bfloat16)
+        student.requires_grad_()
+
+        def forward(fn):
+            with torch.no_grad():
+                return fn(teacher, student)
+
+        def forward_backward(fn):
+            student.grad = None
+            fn(teacher, student).backward()
+
+        baseline = {}
+        for op, run in (("forward", forward), ("forward+backward", forward_backward)):
+            for method, fn in methods.items():
+                row = {"op": op, "method": method, "tokens": tokens, "V": vocab}
+                if cuda:
+                    student.grad = None
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                    base_bytes = torch.cuda.memory_allocated()
+                try:
+                    ms = _best_ms(lambda: run(fn), repeats, cuda)
+                except torch.OutOfMemoryError:
+                    rows.append({**row, "ms": None, "speedup": None, "peak_extra_GiB": None,
+                                 "note": "out of memory"})
+                    continue
+                if method == "torch reference":
+                    baseline[op] = ms
+                peak = (torch.cuda.max_memory_allocated() - base_bytes) / GIB if cuda else None
+                rows.append({**row, "ms": round(ms, 3), "speedup": round(baseline[op] / ms, 2) if op in baseline else None,
+                             "peak_extra_GiB": None if peak is None else round(peak, 2), "note": ""})
+        del teacher, student
+    return rows

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 import minispec as ms
+from minispec.dflash.bench import bench_dflash
 from minispec.kl_bench import bench_kl
 
 
@@ -95,7 +96,7 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(str(r[c]).rjust(w) for c, w in zip(cols, widths)))
 
 
-BENCHES = {"ar": bench_ar, "spec": bench_spec, "kl": bench_kl}
+BENCHES = {"ar": bench_ar, "spec": bench_spec, "kl": bench_kl, "dflash": bench_dflash}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=8, help="spec: how many eval prompts (batch 1 each)")
     p.add_argument("--drafters", nargs="+", default=["ngram", "bolt-nano"], help="spec: drafters to compare")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--drafter", default="bolt-mini-dflash", help="dflash: the drafter to measure")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="dflash: temperatures")
+    p.add_argument("--eval-prompts", type=int, help="dflash: eval prompts for acceptance (default: all 241)")
     p.add_argument("--json", type=Path, help="where to write the rows (default bench-results/NAME.json)")
     args = p.parse_args(argv)
     rows = BENCHES[args.name](args)

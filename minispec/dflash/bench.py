@@ -1,0 +1,107 @@
+"""DFlash against autoregressive decoding: acceptance on the frozen eval set, wall clock side by side,
+and the cost model's prediction from the measured parts (`python -m minispec.bench dflash`).
+
+The seed's cost model (`minispec.costs.speedup`): speedup = tau * C_t / (C_d + C_v), with C_t one plain
+decode step, C_d the drafter's cost per cycle (one block forward + committing context) and C_v the
+verify forward plus the loop's own overhead per cycle. Here each is measured in the same run that
+measures the speedup, so a missed target can be attributed to tau, to C_d or to C_v.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+import minispec as ms
+from minispec import costs
+from minispec.spec.stats import SpecStats
+
+
+class TimedDrafter:
+    """A drafter wrapper that adds up the wall time spent inside the drafter (begin, propose, commit)."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.seconds = 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def _timed(self, method, *args):
+        start = time.perf_counter()
+        out = method(*args)
+        self.seconds += time.perf_counter() - start
+        return out
+
+    def begin(self, *args):
+        return self._timed(self.drafter.begin, *args)
+
+    def propose(self, *args):
+        return self._timed(self.drafter.propose, *args)
+
+    def commit(self, *args):
+        return self._timed(self.drafter.commit, *args)
+
+
+def acceptance(target, drafter, prompts, max_new_tokens: int, temperature: float, batch_size: int = 16,
+               seed: int = 0) -> SpecStats:
+    """Speculative decoding over `prompts` in batches; the merged statistics of every cycle."""
+    stats = SpecStats()
+    generator = torch.Generator().manual_seed(seed)
+    for i in range(0, len(prompts), batch_size):
+        out = ms.speculative_generate(target, drafter, prompts[i: i + batch_size], max_new_tokens,
+                                      temperature=temperature, generator=generator)
+        stats.cycles.extend(out.stats.cycles)
+    return stats
+
+
+def side_by_side(target, drafter, prompts, max_new_tokens: int, temperature: float, seed: int = 0) -> dict:
+    """Batch 1, prompt after prompt: AR, then speculative with the timed drafter; one row of numbers."""
+    def ar(p):
+        return ms.autoregressive_generate(target, p, max_new_tokens, temperature=temperature,
+                                          generator=torch.Generator().manual_seed(seed))
+
+    timed = TimedDrafter(drafter)
+
+    def spec(p):
+        return ms.speculative_generate(target, timed, p, max_new_tokens, temperature=temperature,
+                                       generator=torch.Generator().manual_seed(seed))
+
+    ar(prompts[0]), spec(prompts[0])  # warm-up
+    timed.seconds = 0.0
+    start = time.perf_counter()
+    ar_tokens = sum(int(ar(p).lengths.sum()) for p in prompts)
+    ar_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    outs = [spec(p) for p in prompts]
+    spec_seconds = time.perf_counter() - start
+    spec_tokens = sum(int(o.lengths.sum()) for o in outs)
+    cycles = [c for o in outs for c in o.stats.verifications]
+    tau = sum(c.accepted + 1 for c in cycles) / len(cycles)
+    c_t = ar_seconds / ar_tokens  # one decode step (prefills included, as in the speculative run)
+    c_d = timed.seconds / len(cycles)
+    c_v = (spec_seconds - timed.seconds) / len(cycles)
+    measured = (spec_tokens / spec_seconds) / (ar_tokens / ar_seconds)
+    return {"temperature": temperature, "prompts": len(prompts), "tau": round(tau, 3),
+            "ar_tokens_per_s": round(ar_tokens / ar_seconds, 1),
+            "spec_tokens_per_s": round(spec_tokens / spec_seconds, 1), "speedup": round(measured, 3),
+            "C_t_ms": round(1000 * c_t, 2), "C_d_ms": round(1000 * c_d, 2), "C_v_ms": round(1000 * c_v, 2),
+            "predicted_speedup": round(costs.speedup(tau, c_t, c_d, c_v), 3)}
+
+
+def bench_dflash(args) -> list[dict]:
+    """Rows per temperature: tau and per-position acceptance on the eval set, then batch-1 wall clock."""
+    model, _ = ms.load_target(args.model)
+    drafter = ms.load_drafter(args.drafter, model)
+    prompts = ms.load_evalset().prompts
+    chosen = prompts if args.eval_prompts is None else prompts[: args.eval_prompts]
+    rows = []
+    for temperature in args.temperatures:
+        stats = acceptance(model, drafter, chosen, args.max_new_tokens, temperature)
+        row = {"drafter": args.drafter, "eval_prompts": len(chosen), "temperature": temperature,
+               "eval_tau": round(stats.tau, 3)}
+        row.update({f"acc_{k + 1}": round(float(a), 3) for k, a in enumerate(stats.per_position)})
+        timing = side_by_side(model, drafter, prompts[: args.prompts], args.max_new_tokens, temperature)
+        row.update({k: v for k, v in timing.items() if k != "temperature"})
+        rows.append(row)
+    return rows

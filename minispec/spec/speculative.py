@@ -77,7 +77,9 @@ def speculative_generate(target, drafter: Drafter, input_ids, max_new_tokens: in
     check_vocab_ids(batch.input_ids, target.config.vocab_size)
     B = batch.size
 
-    tgt = HFTarget(target, output_hidden_states=drafter.needs_hidden_states)
+    # A model with its own cache (e.g. minispec.ssm.HybridLM, whose Mamba states cannot be cropped) brings its adapter.
+    tgt = (target.speculative_target(drafter.needs_hidden_states) if hasattr(target, "speculative_target")
+           else HFTarget(target, output_hidden_states=drafter.needs_hidden_states))
     out = tgt.prefill(batch)
     drafter.begin(batch, out)
     last = smp.next_token(out.logits[:, -1], temperature, top_k, top_p, generator)

@@ -229,6 +229,10 @@ class HybridLM(nn.Module):
     def embed_tokens(self) -> nn.Embedding:
         return self.model.embeddings
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
     # construction -------------------------------------------------------------------------------
     @classmethod
     def from_hf(cls, hf_model) -> "HybridLM":
@@ -252,6 +256,16 @@ class HybridLM(nn.Module):
 
     def new_cache(self, batch_size: int = 1, strategy: str = "replay", capacity: int = 16) -> HybridCache:
         return HybridCache(self, batch_size, strategy, capacity, dtype=self.lm_head.weight.dtype)
+
+    def speculative_target(self, output_hidden_states: bool = False, strategy: str | None = None,
+                           capacity: int | None = None) -> "HybridTarget":
+        """The adapter `minispec.speculative_generate` drives (prefill / verify forward / rollback).
+        strategy / capacity default to `self.spec_strategy` / `self.spec_capacity` ("replay", 16)."""
+        return HybridTarget(self, output_hidden_states, strategy or self.spec_strategy,
+                            capacity or self.spec_capacity)
+
+    spec_strategy: str = "replay"
+    spec_capacity: int = 16
 
     # forward ------------------------------------------------------------------------------------
     def backbone(self, input_ids: Tensor, cache: HybridCache | None = None, commit: bool = True):
@@ -313,3 +327,42 @@ class HybridLM(nn.Module):
                 break
             logits = self(token[:, None], cache).logits[:, -1]
         return torch.stack(new, dim=1)
+
+
+class HybridTarget:
+    """`HybridLM` as the speculative loop sees it (same methods as `minispec.spec.target.HFTarget`).
+
+    A verify forward leaves its K+1 tokens pending in every layer; `rollback(keep, appended)` commits
+    the first keep[0] of them: KV is cropped, and each Mamba store keeps its own way (pick a saved
+    per-position state, or move the replay counter). One sequence at a time: the Mamba stores of a
+    batch advance together, so ragged acceptance across rows is not supported here.
+    hidden_states, when asked for, is (last layer before the final norm, after it), each [1, n, D].
+    """
+
+    def __init__(self, model: HybridLM, output_hidden_states: bool = False, strategy: str = "replay",
+                 capacity: int = 16):
+        self.model, self.output_hidden_states = model, output_hidden_states
+        self.strategy, self.capacity = strategy, capacity
+        self.config = model.config
+        self.cache: HybridCache | None = None
+
+    def _out(self, out: HybridOutput):
+        from minispec.spec.target import TargetOutput
+        return TargetOutput(out.logits, (out.hidden_pre_norm, out.hidden) if self.output_hidden_states else None)
+
+    @torch.no_grad()
+    def prefill(self, batch):
+        if batch.size != 1 or not bool(batch.attention_mask.all()):
+            raise ValueError(f"HybridTarget: speculative decoding on a hybrid model runs one unpadded sequence at a "
+                             f"time, got a batch of {batch.size}")
+        self.cache = self.model.new_cache(1, self.strategy, self.capacity)
+        return self._out(self.model(batch.input_ids, self.cache))
+
+    @torch.no_grad()
+    def forward(self, tokens: Tensor):
+        return self._out(self.model(tokens, self.cache, commit=False))
+
+    def rollback(self, keep: Tensor, appended: int) -> None:
+        if appended != self.cache.pending:
+            raise ValueError(f"HybridTarget.rollback: {appended} tokens appended, but {self.cache.pending} are pending")
+        self.cache.commit(int(keep[0]))

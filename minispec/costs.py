@@ -668,3 +668,71 @@ def native_spec_state_writes_bytes(
     """
     _check_positive_int(num_tokens=num_tokens)
     return (1 + num_tokens) * mamba_state_bytes(shape, bytes_per_element)
+
+
+# lightning-mini (minispec's Nemotron-H hybrid): H=8, P=32, N=32, G=2; 4 Mamba layers of 8.
+LIGHTNING_MINI_MAMBA2 = Mamba2Shape(num_heads=8, head_dim=32, d_state=32, n_groups=2, num_layers=4)
+
+
+@dataclass(frozen=True)
+class SpecStateTraffic:
+    """Mamba state bytes per layer and sequence for one strategy, averaged over verify steps."""
+
+    strategy: str
+    window: int  # T = drafts + 1
+    committed_per_step: int  # accepted drafts + the bonus/correction token
+    read_per_step: float
+    written_per_step: float
+    memory_per_request: float  # state + ring (replay) or T states (per-position), conv windows included
+
+    @property
+    def written_per_token(self) -> float:
+        return self.written_per_step / self.committed_per_step
+
+    @property
+    def read_per_token(self) -> float:
+        return self.read_per_step / self.committed_per_step
+
+
+def spec_state_traffic(shape: Mamba2Shape, window: int, committed_per_step: int, strategy: str,
+                       capacity: int = 16, conv_kernel: int = 4, state_bytes: float = 4, act_bytes: float = BF16_BYTES,
+                       steps: int = 1000) -> SpecStateTraffic:
+    """The byte model `minispec.ssm.replay`'s stores count, for any shape (research §3.1, §3.2).
+
+    State = SSM state (H·P·N · state_bytes) + conv window ((K-1) · conv_dim · act_bytes),
+    conv_dim = H·P + 2·G·N. A record = x (H·P), B (G·N), dt (H, state_bytes), and the pre-conv column
+    (conv_dim) that rebuilds the conv window on rollback.
+      per-position: each verify step reads 1 state and writes T.
+      replay:       each verify step reads the checkpoint, the committed records (x, B, dt) and the conv
+                    window, and writes T records; when count + T > capacity the committed records are
+                    first folded (flush: read checkpoint + records, write the checkpoint once).
+    Every step keeps `committed_per_step` tokens; averaged over `steps` steps from an empty ring.
+    """
+    _check_positive_int(window=window, committed_per_step=committed_per_step, capacity=capacity, steps=steps)
+    if committed_per_step > window:
+        raise ValueError(f"committed_per_step ({committed_per_step}) cannot exceed the window T ({window})")
+    if strategy not in ("per-position", "replay"):
+        raise ValueError(f"strategy must be 'per-position' or 'replay', got {strategy!r}")
+    if strategy == "replay" and window > capacity:
+        raise ValueError(f"a window of {window} tokens does not fit a ring of {capacity} records")
+    ssm = mamba_state_bytes(shape, state_bytes)
+    conv_dim = shape.num_heads * shape.head_dim + 2 * shape.n_groups * shape.d_state
+    conv = (conv_kernel - 1) * conv_dim * act_bytes
+    replay_part = ((shape.num_heads * shape.head_dim + shape.n_groups * shape.d_state) * act_bytes
+                   + shape.num_heads * state_bytes)
+    record = replay_part + conv_dim * act_bytes
+    if strategy == "per-position":
+        return SpecStateTraffic(strategy, window, committed_per_step, ssm + conv, window * (ssm + conv),
+                                window * (ssm + conv))
+    read = written = 0.0
+    count = 0
+    for _ in range(steps):
+        if count + window > capacity:
+            read += ssm + count * replay_part
+            written += ssm
+            count = 0
+        read += ssm + count * replay_part + conv
+        written += window * record
+        count += committed_per_step
+    return SpecStateTraffic(strategy, window, committed_per_step, read / steps, written / steps,
+                            ssm + conv + capacity * record)

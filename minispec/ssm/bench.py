@@ -1,0 +1,78 @@
+"""`python -m minispec.bench replay`: Mamba state bytes (per-position vs checkpoint + replay) and
+tokens/s of AR vs speculative decoding on lightning-mini with both strategies."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minispec import costs
+
+
+def bytes_rows(ring: int = 16) -> list[dict]:
+    """The byte model at T = 2, 4, 7 for Nemotron 3 Super and lightning-mini (per layer and sequence).
+
+    Each step keeps T // 2 + 1 tokens (half the drafts accepted, plus the bonus token). Production
+    numerics: fp32 state, bf16 records and conv window."""
+    rows = []
+    for name, shape in (("Super", costs.SUPER_MAMBA2), ("lightning-mini", costs.LIGHTNING_MINI_MAMBA2)):
+        for T in (2, 4, 7):
+            n = T // 2 + 1
+            pp = costs.spec_state_traffic(shape, T, n, "per-position", capacity=ring)
+            rp = costs.spec_state_traffic(shape, T, n, "replay", capacity=ring)
+            rows.append({
+                "shape": name, "T": T, "kept/step": n,
+                "pp_write/tok_KiB": round(pp.written_per_token / 1024, 1),
+                "rp_write/tok_KiB": round(rp.written_per_token / 1024, 1),
+                "write_ratio": round(pp.written_per_token / rp.written_per_token, 2),
+                "pp_read/tok_KiB": round(pp.read_per_token / 1024, 1),
+                "rp_read/tok_KiB": round(rp.read_per_token / 1024, 1),
+                "pp_mem_KiB": round(pp.memory_per_request / 1024, 1),
+                "rp_mem_KiB": round(rp.memory_per_request / 1024, 1),
+            })
+    return rows
+
+
+def speed_rows(prompts: int, max_new_tokens: int, drafters: list[str], K: int = 4) -> list[dict]:
+    """AR vs speculative on lightning-mini (batch 1, greedy), every strategy, on the frozen eval prompts."""
+    import minispec as ms
+    from minispec.ssm.hybrid import HybridLM
+
+    model = HybridLM.from_pretrained("lightning-mini")
+    chosen = ms.load_evalset().prompts[:prompts]
+    rows = []
+    for strategy in ("replay", "per-position"):
+        start = time.perf_counter()
+        ar = [model.generate(p[None], max_new_tokens, strategy=strategy) for p in chosen]
+        ar_s = time.perf_counter() - start
+        n_ar = sum(o.shape[1] for o in ar)
+        rows.append({"strategy": strategy, "method": "autoregressive", "drafter": "-", "tau": 1.0,
+                     "tokens_per_s": round(n_ar / ar_s, 1), "speedup": 1.0, "equal_to_ar": True})
+        model.spec_strategy = strategy
+        for name in drafters:
+            drafter = ms.load_drafter(name, model, num_draft_tokens=K)
+            start = time.perf_counter()
+            outs = [ms.speculative_generate(model, drafter, p[None], max_new_tokens) for p in chosen]
+            s = time.perf_counter() - start
+            n = sum(int(o.lengths.sum()) for o in outs)
+            cycles = [c for o in outs for c in o.stats.verifications]
+            equal = all(torch.equal(o.tokens[0, : a.shape[1]], a[0]) for o, a in zip(outs, ar))
+            rows.append({"strategy": strategy, "method": f"speculative K={K}", "drafter": name,
+                         "tau": round(sum(c.accepted + 1 for c in cycles) / len(cycles), 3),
+                         "tokens_per_s": round(n / s, 1), "speedup": round((n / s) / (n_ar / ar_s), 3),
+                         "equal_to_ar": equal})
+    model.spec_strategy = "replay"
+    return rows
+
+
+def bench_replay(args) -> list[dict]:
+    from minispec.bench import print_table
+
+    table = bytes_rows()
+    print("Mamba state bytes per layer and sequence (pp = per-position states, rp = checkpoint + replay, ring 16):")
+    print_table(table)
+    print()
+    rows = [{"kind": "bytes", **r} for r in table]
+    rows += [{"kind": "speed", **r} for r in speed_rows(args.prompts, args.max_new_tokens, args.drafters)]
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k, "") for k in keys} for r in rows]  # one column set, so the rows print as one table

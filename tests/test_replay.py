@@ -157,3 +157,45 @@ def test_nan_in_records_is_caught_at_the_flush():
     store.x[0, 1, 0, 0] = float("nan")  # a poisoned record (e.g. uninitialised memory)
     with pytest.raises(Mamba2StateError, match="non-finite"):
         store.verify(torch.randn(1, 1, CFG.hidden_size))
+
+
+# --- the byte model ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["replay", "per-position"])
+def test_byte_model_equals_what_the_stores_count(strategy):
+    from minispec import costs
+    shape = costs.LIGHTNING_MINI_MAMBA2
+    cfg = Mamba2Config(hidden_size=16, num_heads=shape.num_heads, head_dim=shape.head_dim,
+                       state_size=shape.d_state, n_groups=shape.n_groups)
+    m = Mamba2Mixer(cfg).eval()
+    store = make_store(strategy, m, m.init_state(1), capacity=16)
+    steps, T, n = 20, 4, 3
+    for _ in range(steps):
+        store.verify(torch.randn(1, T, 16))
+        store.commit(n)
+    model = costs.spec_state_traffic(shape, T, n, strategy, capacity=16, state_bytes=4, act_bytes=4, steps=steps)
+    assert store.traffic.written == pytest.approx(model.written_per_step * steps, rel=1e-12)
+    assert store.traffic.read == pytest.approx(model.read_per_step * steps, rel=1e-12)
+    assert store.traffic.committed == steps * n
+
+
+def test_replay_writes_at_least_4x_fewer_state_bytes_at_T4():
+    from minispec import costs
+    MiB = 2**20
+    for shape in (costs.SUPER_MAMBA2, costs.LIGHTNING_MINI_MAMBA2):
+        for n in (1, 2, 3, 4):  # however many drafts are accepted
+            pp = costs.spec_state_traffic(shape, 4, n, "per-position")
+            rp = costs.spec_state_traffic(shape, 4, n, "replay")
+            assert pp.written_per_token >= 4 * rp.written_per_token
+    pp = costs.spec_state_traffic(costs.SUPER_MAMBA2, 4, 3, "per-position")
+    conv = 3 * (128 * 64 + 2 * 8 * 128) * 2
+    assert pp.written_per_step == 4 * (4 * MiB + conv)  # T states written per verify step
+    rp = costs.spec_state_traffic(costs.SUPER_MAMBA2, 4, 3, "replay")
+    record = 18_944 + (128 * 64 + 2 * 8 * 128) * 2  # research §2.5's record + the pre-conv column
+    assert rp.memory_per_request == 4 * MiB + conv + 16 * record  # 1 state + a ring of 16
+    assert pp.memory_per_request / rp.memory_per_request > 3  # vs T states
+    with pytest.raises(ValueError, match="does not fit"):
+        costs.spec_state_traffic(costs.SUPER_MAMBA2, 17, 3, "replay")
+    with pytest.raises(ValueError, match="cannot exceed"):
+        costs.spec_state_traffic(costs.SUPER_MAMBA2, 4, 5, "replay")

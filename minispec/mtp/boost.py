@@ -1,0 +1,133 @@
+"""MTP boosting: re-align a stale MTP head to a frozen backbone by distilling its whole distribution.
+
+Slot indexing (the same as the drafter's): slot j pairs a hidden state standing in for the backbone's
+h_j with the token x_{j+1}, and predicts x_{j+2}, at every depth. Depth 1 reads the backbone's h_j.
+Depth k reads, at slot j, the output of depth k-1 at slot j-1, which is the head's own stand-in for
+h_j; so the teacher of every depth at slot j is the backbone's distribution at position j+1:
+
+    loss = mean over depths k of  mean over counted slots j of  KL(p_backbone(· | x_≤j+1) ‖ q_k,j)
+
+Slot j counts at depth k when j >= k-1 (the chain of stand-ins reaches back to a backbone hidden state
+at slot j-k+1 >= 0), both tokens exist, and `loss_mask` marks position j+1 (e.g. reply tokens only).
+
+Hidden-state mixing (Megatron-LM's `mtp_hsm`): at depth k each slot draws its input uniformly from the
+k candidates that all stand in for h_j: the backbone's h_j and the outputs of depths 1..k-1 at slot
+j-1 (rolled by one so every candidate predicts the same token). A candidate from before the first slot,
+or from a padding slot, does not exist; that slot falls back to the backbone's h_j (in this indexing the
+backbone's entry is the one always present; Megatron, indexing by the depth's own position, falls back
+to the newest entry, which is the same pairing seen from the other end). The draws come from the
+caller's generator, so a run is reproducible. Without mixing, depth k always takes depth k-1's output,
+exactly what the head sees when it drafts.
+
+1 − TV(p, q) = Σ_v min(p_v, q_v) is the probability that a draft sampled from q is accepted against p
+(research notes §0.3): the number acceptance pays for, reported per depth beside the KL.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from minispec.kl import kl_divergence
+from minispec.mtp.backbone import Backbone, check_head_fits
+from minispec.mtp.head import MTPHead
+
+
+@dataclass
+class BoostLoss:
+    loss: Tensor  # 0-d, mean over depths of the per-depth KL (differentiable in the head)
+    kl: Tensor  # [K] per-depth KL (detached)
+    acceptance: Tensor  # [K] per-depth mean of 1 − TV(p_backbone, q_head) (detached)
+    counted: Tensor  # [K] slots counted per depth
+
+
+def roll_right(x: Tensor) -> Tensor:
+    """x [B, S, ...] -> y with y[:, j] = x[:, j-1]; y[:, 0] is zeros (and must not be used)."""
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+
+
+def mix_hidden_states(history: list[Tensor], slot_valid: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Hidden-state mixing for depth k = len(history).
+
+    history: [backbone h [B, S, H], out_1, ..., out_{k-1}] with out_m [B, S, H] at its own slots.
+    slot_valid [B, S]. Returns the input hidden state of depth k [B, S, H]: per slot, one candidate
+    drawn uniformly from {h_j, out_1[j-1], ..., out_{k-1}[j-1]}; h_j where the rolled ones do not exist.
+    """
+    h = history[0]
+    B, S, _ = h.shape
+    k = len(history)
+    candidates = torch.stack([h] + [roll_right(o) for o in history[1:]], dim=0)  # [k, B, S, H]
+    choice = torch.randint(0, k, (B, S), generator=generator, device=h.device)
+    has_previous = roll_right(slot_valid[..., None])[..., 0]  # slot j-1 exists and is real
+    choice = torch.where(has_previous, choice, torch.zeros_like(choice))
+    index = choice[None, :, :, None].expand(1, B, S, h.shape[-1])
+    return candidates.gather(0, index)[0]
+
+
+def chained_hidden_state(history: list[Tensor], slot_valid: Tensor) -> Tensor:
+    """Depth k's input without mixing: depth k-1's output at slot j-1 (the backbone's h_j at depth 1)."""
+    if len(history) == 1:
+        return history[0]
+    has_previous = roll_right(slot_valid[..., None])
+    return torch.where(has_previous, roll_right(history[-1]), history[0])
+
+
+def run_depths(head: MTPHead, backbone: Backbone, hidden: Tensor, input_ids: Tensor, depths: int,
+               attention_mask: Tensor | None = None, hsm: bool = False,
+               generator: torch.Generator | None = None) -> list[Tensor]:
+    """The head's K depths over whole sequences: hidden [B, S, H] (backbone, after its final norm),
+    input_ids [B, S] -> K logits [B, S, V] (float32), slot j of each predicting x_{j+2}."""
+    if not isinstance(depths, int) or depths < 1:
+        raise ValueError(f"depths must be an int >= 1, got {depths!r}")
+    if hsm and depths < 2:
+        raise ValueError("hidden-state mixing needs at least 2 depths (depth 1 always reads the backbone)")
+    B, S = input_ids.shape
+    real = torch.ones(B, S, dtype=torch.bool, device=input_ids.device) if attention_mask is None else attention_mask.bool()
+    slot_valid = real & torch.cat([real[:, 1:], torch.zeros_like(real[:, :1])], dim=1)  # x_j and x_{j+1} real
+    next_ids = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1).masked_fill(~slot_valid, 0)
+    next_embeds = backbone.embed(next_ids)
+    history, logits = [hidden], []
+    for _ in range(depths):
+        h_in = mix_hidden_states(history, slot_valid, generator) if hsm else chained_hidden_state(history, slot_valid)
+        out = head(h_in, next_embeds, slot_valid)
+        history.append(out)
+        logits.append(backbone.logits(out))
+    return logits
+
+
+def boost_loss(head: MTPHead, backbone: Backbone, input_ids: Tensor, depths: int,
+               loss_mask: Tensor | None = None, attention_mask: Tensor | None = None, hsm: bool = False,
+               generator: torch.Generator | None = None, temperature: float = 1.0) -> BoostLoss:
+    """Per-depth KL(backbone ‖ head) on input_ids [B, S]; the backbone runs without gradients.
+
+    loss_mask [B, S]: 1 where position p's next-token distribution counts (default: everywhere real).
+    """
+    check_head_fits(head.config, backbone)
+    B, S = input_ids.shape
+    if S < 3:
+        raise ValueError(f"boosting needs sequences of >= 3 tokens (slot j predicts x_(j+2)), got {S}")
+    for name, m in (("loss_mask", loss_mask), ("attention_mask", attention_mask)):
+        if m is not None and m.shape != input_ids.shape:
+            raise ValueError(f"{name} {tuple(m.shape)} must have input_ids' shape {tuple(input_ids.shape)}")
+    with torch.no_grad():
+        teacher, hidden = backbone.run(input_ids, attention_mask)
+    student = run_depths(head, backbone, hidden, input_ids, depths, attention_mask, hsm, generator)
+    real = torch.ones(B, S, dtype=torch.bool, device=input_ids.device) if attention_mask is None else attention_mask.bool()
+    counts = real if loss_mask is None else real & loss_mask.bool()
+    teacher_next = teacher[:, 1:]  # slot j's teacher: the backbone at position j+1
+    slots = torch.arange(S - 1, device=input_ids.device)
+    kls, accepts, counted, terms = [], [], [], []
+    for k, logits in enumerate(student, start=1):
+        mask = counts[:, 1:] & real[:, :-1] & (slots >= k - 1)[None, :]  # [B, S-1]
+        kl = kl_divergence(teacher_next, logits[:, :-1], temperature, "none")
+        n = mask.sum().clamp(min=1)
+        term = (kl * mask).sum() / n
+        terms.append(term)
+        with torch.no_grad():
+            p = torch.softmax(teacher_next / temperature, -1)
+            q = torch.softmax(logits[:, :-1].detach() / temperature, -1)
+            accepts.append((torch.minimum(p, q).sum(-1) * mask).sum() / n)
+        kls.append(term.detach())
+        counted.append(mask.sum())
+    return BoostLoss(torch.stack(terms).mean(), torch.stack(kls), torch.stack(accepts), torch.stack(counted))

@@ -1,0 +1,216 @@
+"""The MTP head: one Nemotron/DeepSeek-style multi-token-prediction layer, called recursively.
+
+One call (a "depth") reads a hidden state h [B, T, H] and the embedding of the token that follows it:
+
+    x   = eh_proj( concat( enorm(embed(next_token)), hnorm(h) ) )      2H -> H, no bias
+    x   = x + mixer_l(norm_l(x))      for each layer l of the block (pattern "*-": attention, then MLP)
+    out = final_layernorm(x)                                             [B, T, H]
+    logits = backbone's output head(out)                                 (shared, not the head's own)
+
+Depth 1 reads the backbone's last hidden state (after its final norm, what its own head reads); depth k
+reads the `out` of depth k-1, so K calls of the same weights draft K tokens. The backbone's hidden state
+at a position predicts the token two ahead through depth 1; depth 1's `out` stands in for the backbone's
+hidden state one position later, and so on. Training sees backbone hidden states at depth 1 but the
+head's own at depth k > 1, which is the train/inference mismatch that hidden-state mixing (boost.py)
+works on.
+
+Weights are named as in Nemotron-H checkpoints (`mtp.layers.{i}.enorm / hnorm / eh_proj` on the first
+layer of the block, `mtp.layers.{i}.norm` + `mixer.*` on every layer, `final_layernorm` on the last);
+`head.state_dict(prefix="mtp.")` gives those names. Attention has no positional encoding, as in
+Nemotron-H (its Mamba layers carry order; the MTP block's attention is NoPE).
+
+The head's attention keeps its own key/value cache (`MTPCache`) over the positions it has seen. Rows of
+a batch may hold different numbers of positions (they accept different numbers of drafts), so every
+row writes at its own slot offset and a validity mask hides padding.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minispec.ssm.hybrid import MLP, RMSNorm
+
+MIXERS = {"*": "attention", "-": "mlp"}
+
+
+@dataclass
+class MTPConfig:
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 256
+    pattern: str = "*-"  # the block's layers, Nemotron-H letters: * attention, - MLP
+    layer_norm_epsilon: float = 1e-5
+
+    def __post_init__(self):
+        if not self.pattern or any(c not in MIXERS for c in self.pattern):
+            raise ValueError(f"MTP pattern {self.pattern!r}: use the letters {''.join(MIXERS)} "
+                             "(* attention, - MLP), at least one layer")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple of "
+                             f"num_key_value_heads {self.num_key_value_heads}")
+
+    @classmethod
+    def like(cls, backbone_config, **overrides) -> "MTPConfig":
+        """Sizes taken from a backbone's HF config (hidden size, vocab, heads, MLP width, eps)."""
+        c = backbone_config
+        fields = dict(hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+                      num_attention_heads=c.num_attention_heads,
+                      num_key_value_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+                      head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                      intermediate_size=getattr(c, "intermediate_size", None) or 4 * c.hidden_size,
+                      layer_norm_epsilon=getattr(c, "layer_norm_epsilon", None) or getattr(c, "rms_norm_eps", 1e-5))
+        fields.update(overrides)
+        return cls(**fields)
+
+
+class MTPCache:
+    """Keys/values of the head's attention layers, per row at its own slots.
+
+    keys[l], values[l]: [B, Hkv, capacity, d]; valid [B, capacity] marks real positions (prompt padding
+    is not); length [B] counts the committed slots of each row. Slots at or past `length` hold
+    tentative entries (drafts) that the next `commit` overwrites.
+    """
+
+    def __init__(self, batch_size: int, device, capacity: int = 64):
+        self.keys: dict[int, Tensor] = {}
+        self.values: dict[int, Tensor] = {}
+        self.valid = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
+        self.length = torch.zeros(batch_size, dtype=torch.long, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return self.valid.shape[1]
+
+    def reserve(self, end: int) -> None:
+        """Grow every buffer so slots < end exist (doubling, so appends stay amortised O(1))."""
+        if end <= self.capacity:
+            return
+        extra = max(end, 2 * self.capacity) - self.capacity
+        self.valid = F.pad(self.valid, (0, extra))
+        for store in (self.keys, self.values):
+            for i, t in store.items():
+                store[i] = F.pad(t, (0, 0, 0, extra))
+
+    def write_valid(self, slots: Tensor, valid: Tensor) -> None:
+        self.reserve(int(slots.max()) + 1)
+        self.valid.scatter_(1, slots, valid)
+
+
+class MTPAttention(nn.Module):
+    """Causal grouped-query attention without positional encoding, with an optional `MTPCache`."""
+
+    def __init__(self, cfg: MTPConfig):
+        super().__init__()
+        self.num_heads, self.num_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, valid: Tensor, cache: MTPCache | None = None, layer: int = 0,
+                slots: Tensor | None = None) -> Tensor:
+        """x [B, T, D]; valid [B, T] (False for padding).
+
+        Without a cache: causal attention over the T positions. With one: the T positions go to `slots`
+        [B, T] (row b's consecutive slots), and query t of row b sees the row's valid slots up to its own.
+        """
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.num_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.num_kv, self.head_dim).transpose(1, 2)
+        if cache is None:
+            key_valid, key_slot, query_slot = valid, torch.arange(T, device=x.device).expand(B, T), None
+        else:
+            if layer not in cache.keys:
+                shape = (B, self.num_kv, cache.capacity, self.head_dim)
+                cache.keys[layer], cache.values[layer] = k.new_zeros(shape), v.new_zeros(shape)
+            index = slots[:, None, :, None].expand(B, self.num_kv, T, self.head_dim)
+            cache.keys[layer].scatter_(2, index, k)
+            cache.values[layer].scatter_(2, index, v)
+            k, v = cache.keys[layer], cache.values[layer]
+            key_valid = cache.valid
+            key_slot = torch.arange(cache.capacity, device=x.device).expand(B, -1)
+            query_slot = slots
+        if query_slot is None:
+            query_slot = key_slot
+        visible = key_valid[:, None, :] & (key_slot[:, None, :] <= query_slot[:, :, None])  # [B, T, L]
+        # A padding query sees nothing; give it its own slot so softmax stays finite (its output is unused).
+        visible = visible | (key_slot[:, None, :] == query_slot[:, :, None])
+        rep = self.num_heads // self.num_kv
+        out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                             attn_mask=visible[:, None])
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MTPLayer(nn.Module):
+    """One layer of the head's block: x + mixer(norm(x)); the first also fuses, the last also norms."""
+
+    def __init__(self, cfg: MTPConfig, letter: str, first: bool, last: bool):
+        super().__init__()
+        self.kind = MIXERS[letter]
+        if first:
+            self.enorm = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
+            self.hnorm = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
+            self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
+        self.mixer = MTPAttention(cfg) if self.kind == "attention" else MLP(cfg.hidden_size, cfg.intermediate_size)
+        if last:
+            self.final_layernorm = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
+
+
+class MTPHead(nn.Module):
+    """The MTP layer (a block of `config.pattern`); `forward` is one depth, `depths` the recursion."""
+
+    def __init__(self, config: MTPConfig):
+        super().__init__()
+        self.config = config
+        n = len(config.pattern)
+        self.layers = nn.ModuleList([MTPLayer(config, c, i == 0, i == n - 1) for i, c in enumerate(config.pattern)])
+
+    def forward(self, hidden: Tensor, next_embeds: Tensor, valid: Tensor | None = None,
+                cache: MTPCache | None = None, slots: Tensor | None = None) -> Tensor:
+        """One depth: hidden [B, T, H] and the embeddings of the tokens after them [B, T, H] -> out [B, T, H].
+
+        valid [B, T] (default all True) hides padding from attention. With a cache, `slots` [B, T]
+        says where each position goes (see MTPAttention).
+        """
+        if valid is None:
+            valid = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+        if cache is not None:
+            cache.write_valid(slots, valid)
+        first = self.layers[0]
+        x = first.eh_proj(torch.cat([first.enorm(next_embeds), first.hnorm(hidden)], dim=-1))
+        for i, layer in enumerate(self.layers):
+            h = layer.norm(x)
+            x = x + (layer.mixer(h, valid, cache, i, slots) if layer.kind == "attention" else layer.mixer(h))
+        return self.layers[-1].final_layernorm(x)
+
+    # -- saving, in Nemotron-H names ------------------------------------------------------------
+    def save_pretrained(self, folder) -> Path:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "mtp_config.json").write_text(json.dumps(asdict(self.config), indent=1))
+        save_file({k: v.contiguous() for k, v in self.state_dict(prefix="mtp.").items()}, folder / "mtp.safetensors")
+        return folder
+
+    @classmethod
+    def from_pretrained(cls, folder, dtype: torch.dtype = torch.float32) -> "MTPHead":
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        head = cls(MTPConfig(**json.loads((folder / "mtp_config.json").read_text())))
+        state = load_file(folder / "mtp.safetensors")
+        if any(not k.startswith("mtp.") for k in state):
+            raise ValueError(f"{folder / 'mtp.safetensors'}: every weight name must start with 'mtp.'")
+        head.load_state_dict({k[len("mtp."):]: v for k, v in state.items()}, strict=True)
+        return head.to(dtype).eval()

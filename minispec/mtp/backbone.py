@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minispec.spec.target import TargetOutput
@@ -52,8 +53,14 @@ class Backbone:
         raise ValueError(f"{type(model).__name__} is not a backbone an MTP head can share: it needs an input "
                          "embedding and an output head (a Hugging Face causal LM or minispec.ssm.HybridLM)")
 
-    def logits(self, out: Tensor) -> Tensor:
-        logits = self.head(out).float()
+    def logits(self, out: Tensor, shared_grad: bool = True) -> Tensor:
+        """out [B, T, H] -> logits [B, T, V] float32. shared_grad=False: gradients reach `out` but not
+        the output head's weights (the backbone stays frozen while a head trains through it)."""
+        if shared_grad:
+            logits = self.head(out).float()
+        else:
+            bias = None if self.head.bias is None else self.head.bias.detach()
+            logits = F.linear(out, self.head.weight.detach(), bias).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

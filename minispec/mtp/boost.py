@@ -75,9 +75,13 @@ def chained_hidden_state(history: list[Tensor], slot_valid: Tensor) -> Tensor:
 
 def run_depths(head: MTPHead, backbone: Backbone, hidden: Tensor, input_ids: Tensor, depths: int,
                attention_mask: Tensor | None = None, hsm: bool = False,
-               generator: torch.Generator | None = None) -> list[Tensor]:
+               generator: torch.Generator | None = None, shared_grad: bool = False) -> list[Tensor]:
     """The head's K depths over whole sequences: hidden [B, S, H] (backbone, after its final norm),
-    input_ids [B, S] -> K logits [B, S, V] (float32), slot j of each predicting x_{j+2}."""
+    input_ids [B, S] -> K logits [B, S, V] (float32), slot j of each predicting x_{j+2}.
+
+    shared_grad=False (boosting): the embedding and output head the head shares with the backbone are
+    constants, so gradients train the head's own weights only. True: joint training updates them too.
+    """
     if not isinstance(depths, int) or depths < 1:
         raise ValueError(f"depths must be an int >= 1, got {depths!r}")
     if hsm and depths < 2:
@@ -86,13 +90,14 @@ def run_depths(head: MTPHead, backbone: Backbone, hidden: Tensor, input_ids: Ten
     real = torch.ones(B, S, dtype=torch.bool, device=input_ids.device) if attention_mask is None else attention_mask.bool()
     slot_valid = real & torch.cat([real[:, 1:], torch.zeros_like(real[:, :1])], dim=1)  # x_j and x_{j+1} real
     next_ids = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1).masked_fill(~slot_valid, 0)
-    next_embeds = backbone.embed(next_ids)
+    with torch.set_grad_enabled(shared_grad and torch.is_grad_enabled()):
+        next_embeds = backbone.embed(next_ids)
     history, logits = [hidden], []
     for _ in range(depths):
         h_in = mix_hidden_states(history, slot_valid, generator) if hsm else chained_hidden_state(history, slot_valid)
         out = head(h_in, next_embeds, slot_valid)
         history.append(out)
-        logits.append(backbone.logits(out))
+        logits.append(backbone.logits(out, shared_grad))
     return logits
 
 
@@ -131,3 +136,23 @@ def boost_loss(head: MTPHead, backbone: Backbone, input_ids: Tensor, depths: int
         kls.append(term.detach())
         counted.append(mask.sum())
     return BoostLoss(torch.stack(terms).mean(), torch.stack(kls), torch.stack(accepts), torch.stack(counted))
+
+
+class FrozenBackbone:
+    """Boosting trains the head against a *fixed* backbone: remember its weights, refuse any change.
+
+    check() raises ValueError naming the first parameters or buffers that differ from the snapshot
+    (an optimizer that was handed the backbone's parameters, a forgotten requires_grad, a stray load).
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def check(self) -> None:
+        state = self.model.state_dict()
+        changed = [k for k, v in self.snapshot.items() if k not in state or not torch.equal(state[k], v)]
+        if changed:
+            raise ValueError(f"the backbone changed during boosting ({len(changed)} tensors, e.g. "
+                             f"{', '.join(changed[:3])}); boosting needs it frozen: leave its parameters out "
+                             "of the optimizer and set requires_grad=False")

@@ -1,0 +1,120 @@
+"""minispec.mtp.boost: hidden-state mixing, the per-depth KL / acceptance loss, the frozen-backbone guard."""
+import pytest
+import torch
+from tiny import tiny_gemma
+
+from minispec.mtp import Backbone, MTPConfig, MTPHead
+from minispec.mtp.boost import FrozenBackbone, boost_loss, chained_hidden_state, mix_hidden_states, run_depths
+
+B, S, H = 32, 40, 4
+
+
+def slot_coded_history(k):
+    """history[m] holds 100·m + slot at every slot, so a chosen value says which entry and which slot."""
+    slot = torch.arange(S, dtype=torch.float32)[None, :, None].expand(B, S, H)
+    return [100.0 * m + slot for m in range(k)]
+
+
+def test_mixing_draws_each_aligned_candidate_uniformly():
+    k = 3
+    valid = torch.ones(B, S, dtype=torch.bool)
+    mixed = mix_hidden_states(slot_coded_history(k), valid, torch.Generator().manual_seed(0))
+    assert (mixed == mixed[..., :1]).all()  # one draw per token, not per channel
+    value, slot = mixed[..., 0], torch.arange(S).expand(B, S)
+    source = torch.div(value, 100, rounding_mode="floor").long()
+    read_slot = value - 100 * source
+    # Backbone entry (m = 0) at its own slot j; depth outputs (m >= 1) rolled: read at slot j - 1.
+    assert torch.equal(read_slot.long(), torch.where(source == 0, slot, slot - 1))
+    assert (source[:, 0] == 0).all()  # slot 0 has no depth output before it: the backbone's h_0
+    freq = torch.bincount(source[:, 1:].flatten(), minlength=k).float() / source[:, 1:].numel()
+    assert (freq - 1 / k).abs().max() < 0.03, freq  # B·(S-1) = 1248 draws, 3 standard errors ~ 0.04
+
+
+def test_mixing_falls_back_to_the_backbone_after_padding_and_is_reproducible():
+    valid = torch.ones(B, S, dtype=torch.bool)
+    valid[:, :10] = False  # left padding: slots 0..9
+    history = slot_coded_history(4)
+    a = mix_hidden_states(history, valid, torch.Generator().manual_seed(5))
+    b = mix_hidden_states(history, valid, torch.Generator().manual_seed(5))
+    assert torch.equal(a, b)
+    assert (a[:, :11, 0] < 100).all()  # slot 10's predecessor is padding: backbone entry only
+    assert (a[:, 11:, 0] >= 100).any()
+
+
+def test_without_mixing_depth_k_reads_depth_k_minus_1_one_slot_back():
+    history = slot_coded_history(3)
+    valid = torch.ones(B, S, dtype=torch.bool)
+    x = chained_hidden_state(history, valid)[..., 0]
+    assert (x[:, 0] == 0).all() and torch.equal(x[:, 1:], 200.0 + torch.arange(S - 1).expand(B, -1))
+    assert torch.equal(chained_hidden_state(history[:1], valid), history[0])
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_gemma(layers=1)
+    torch.manual_seed(0)
+    head = MTPHead(MTPConfig.like(model.config, intermediate_size=64))
+    ids = torch.randint(3, 4096, (2, 12), generator=torch.Generator().manual_seed(1))
+    return model, head, Backbone.of(model), ids
+
+
+def test_loss_counts_the_right_slots_and_trains_only_the_head(setup):
+    model, head, backbone, ids = setup
+    res = boost_loss(head, backbone, ids, depths=3)
+    assert res.counted.tolist() == [2 * 11, 2 * 10, 2 * 9]  # S-1 slots, minus k-1 at depth k
+    assert ((res.kl > 0) & (res.acceptance > 0) & (res.acceptance < 1)).all()
+    res.loss.backward()
+    assert all(p.grad is None for p in model.parameters())
+    assert all(p.grad is not None for p in head.parameters())
+    head.zero_grad()
+    reply = torch.zeros_like(ids)
+    reply[:, 8:] = 1  # only the distributions at positions 8..11 count
+    assert boost_loss(head, backbone, ids, depths=2, loss_mask=reply).counted.tolist() == [2 * 4, 2 * 4]
+
+
+def test_depth_one_kl_is_kl_of_the_backbone_next_position(setup):
+    model, head, backbone, ids = setup
+    with torch.no_grad():
+        res = boost_loss(head, backbone, ids, depths=1)
+        teacher, hidden = backbone.run(ids)
+        student = run_depths(head, backbone, hidden, ids, 1)[0]
+        p, log_q = torch.softmax(teacher[:, 1:], -1), torch.log_softmax(student[:, :-1], -1)
+        want = (p * (p.log() - log_q)).sum(-1).mean()
+    assert res.kl[0].item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_hsm_changes_later_depths_only(setup):
+    _, head, backbone, ids = setup
+    with torch.no_grad():
+        plain = boost_loss(head, backbone, ids, depths=3)
+        mixed = boost_loss(head, backbone, ids, depths=3, hsm=True, generator=torch.Generator().manual_seed(0))
+    assert mixed.kl[0] == plain.kl[0]  # depth 1 always reads the backbone
+    assert (mixed.kl[1:] != plain.kl[1:]).all()
+
+
+def test_frozen_backbone_guard(setup):
+    model, *_ = setup
+    guard = FrozenBackbone(model)
+    guard.check()
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] += 1.0
+    try:
+        with pytest.raises(ValueError, match="backbone changed during boosting"):
+            guard.check()
+    finally:
+        with torch.no_grad():
+            model.lm_head.weight[0, 0] -= 1.0
+
+
+def test_bad_input_is_a_clear_error(setup):
+    _, head, backbone, ids = setup
+    with pytest.raises(ValueError, match=">= 3 tokens"):
+        boost_loss(head, backbone, ids[:, :2], depths=1)
+    with pytest.raises(ValueError, match="loss_mask"):
+        boost_loss(head, backbone, ids, depths=1, loss_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match="at least 2 depths"):
+        boost_loss(head, backbone, ids, depths=1, hsm=True)
+    with pytest.raises(ValueError, match="depths must be an int >= 1"):
+        boost_loss(head, backbone, ids, depths=0)
+    with pytest.raises(ValueError, match="vocab size"):
+        boost_loss(MTPHead(MTPConfig(hidden_size=64, vocab_size=100)), backbone, ids, depths=1)

@@ -44,10 +44,11 @@ class DFlashDrafter:
 
     @classmethod
     def from_pretrained(cls, folder, target, **kwargs) -> "DFlashDrafter":
-        """Load a drafter saved with `save_pretrained` or exported in the HF-native DFlash format."""
+        """Load a drafter saved with `save_pretrained` or exported in the HF-native DFlash format; it computes
+        in the target's dtype (weights are stored in bf16, and bf16 matmuls are slow on most CPUs)."""
         from minispec.dflash.export import load_drafter_model
 
-        return cls(load_drafter_model(Path(folder), target), target, **kwargs)
+        return cls(load_drafter_model(Path(folder), target).to(target.dtype), target, **kwargs)
 
     def _check_k(self, k: int) -> None:
         if not isinstance(k, int) or not 1 <= k <= self.block_size - 1:

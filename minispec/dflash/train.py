@@ -162,12 +162,13 @@ def save_state(path: Path, drafter, opt, step: int, history: list[dict], s: Sett
 
 
 def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s: Settings, work_dir: Path,
-          stop_after: int | None = None, desc: str = "train dflash") -> list[dict]:
+          stop_after: int | None = None, desc: str = "train dflash", on_step=None) -> list[dict]:
     """Train `drafter` (attached to `target`) in place on `dataset`: the target's `Replies` (loss on the
     reply tokens), or windows of a token stream [n].
 
     Resumes from `work_dir/train_state.pt`. `stop_after` ends the run early (after that step count,
-    with a checkpoint), as an interruption would. Returns the history: per step {"loss", "accuracy"}.
+    with a checkpoint), as an interruption would. `on_step(step, record)` is called after every step
+    (a notebook's live plot hooks in here). Returns the history: per step {"loss", "accuracy"}.
     """
     freeze(target)
     drafter.attach_target(target)
@@ -187,6 +188,9 @@ def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s:
         opt.step()
         opt.zero_grad(set_to_none=True)
         history.append({"loss": loss.item(), "accuracy": acc})
+        if on_step is not None:
+            on_step(step, history[-1])
+            drafter.train()
         recent = history[-20:]
         bar.set_postfix(loss=f"{sum(h['loss'] for h in recent) / len(recent):.3f}",
                         acc=f"{sum(h['accuracy'] for h in recent) / len(recent):.3f}")

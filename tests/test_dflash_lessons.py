@@ -1,0 +1,91 @@
+"""Notebook 02's library pieces: the bench's measurements, the counter-example drafter, the figures."""
+import matplotlib
+import pytest
+import torch
+from tiny import assert_same_as_ar, tiny_gemma
+
+import minispec as ms
+from minispec import costs
+from minispec.dflash import lessons
+from minispec.dflash import mask as dmask
+from minispec.dflash.bench import TimedDrafter, acceptance, side_by_side
+from minispec.dflash.config import DFlashConfig
+from minispec.dflash.drafter import DFlashDrafter
+from minispec.dflash.model import DFlashDraftModel
+from minispec.drafters import NGramDrafter
+
+matplotlib.use("Agg")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_gemma(layers=4, window=16, seed=0)
+
+
+@pytest.fixture(scope="module")
+def model(target):
+    torch.manual_seed(1)
+    cfg = DFlashConfig.for_target(target.config, [1, 2], 3, hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                  sliding_window=16, block_size=8)
+    return DFlashDraftModel.for_target(cfg, target)
+
+
+def prompts(n=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 4096, (int(length),), generator=g) for length in torch.randint(5, 30, (n,), generator=g)]
+
+
+def test_acceptance_merges_every_batch(target):
+    ps = prompts(5)
+    merged = acceptance(target, NGramDrafter(4096), ps, 12, temperature=0.0, batch_size=2)
+    whole = ms.speculative_generate(target, NGramDrafter(4096), ps, 12).stats
+    assert len(merged.verifications) == len(whole.verifications)
+    assert merged.tau == pytest.approx(whole.tau)
+
+
+def test_timed_drafter_counts_drafter_time_and_changes_nothing(target, model):
+    timed = TimedDrafter(DFlashDrafter(model, target))
+    assert timed.num_draft_tokens == 7 and timed.needs_hidden_states  # attributes pass through
+    assert_same_as_ar(target, timed, prompts(2), 10)
+    assert timed.seconds > 0
+    row = side_by_side(target, DFlashDrafter(model, target), prompts(2, seed=1), 8, temperature=0.0)
+    assert row["C_t_ms"] > 0 and row["C_d_ms"] > 0 and row["C_v_ms"] > 0
+    assert row["tau"] >= 1
+    assert row["predicted_speedup"] == pytest.approx(
+        costs.speedup(row["tau"], row["C_t_ms"], row["C_d_ms"], row["C_v_ms"]), rel=0.02)
+
+
+def test_marginal_sampling_drafts_come_with_their_q(target, model):
+    d = lessons.MarginalSamplingDrafter(model, target)
+    assert_same_as_ar(target, d, prompts(2), 10)  # T = 0: argmax, like the real drafter
+    g = torch.Generator().manual_seed(0)
+    out = ms.speculative_generate(target, d, prompts(2), 10, temperature=1.0, generator=g)
+    assert out.lengths.tolist() == [10, 10]
+    from minispec.drafters.base import Sampling
+    d.propose(torch.tensor([5, 6]), 4, Sampling(1.0, None, None), torch.Generator().manual_seed(1))
+    prop = d.propose(torch.tensor([5, 6]), 4, Sampling(1.0, None, None), torch.Generator().manual_seed(2))
+    assert prop.q.shape == (2, 4, 4096)
+    assert torch.allclose(prop.q.sum(-1), torch.ones(2, 4), atol=1e-5)
+    assert (prop.q.gather(-1, prop.tokens[..., None]) > 0).all()
+
+
+def test_tap_map_outlines_exactly_the_taps():
+    fig = lessons.tap_map({"a": (["sliding_attention"] * 5 + ["full_attention"], [1, 5]),
+                           "b": (["full_attention"] * 4, [0])})
+    outlined = [sum(p.get_linewidth() > 0 for p in ax.patches) for ax in fig.axes]
+    assert outlined == [2, 1]
+
+
+def test_mask_figure_draws_the_training_mask():
+    fig = lessons.mask_figure(seq_len=12, anchors=(2, 6), block_size=3, window=5, padding_blocks=1)
+    shown = fig.axes[0].images[0].get_array()
+    expected = dmask.training_mask(torch.tensor([[2, 6, 0]]), torch.tensor([[True, True, False]]), 12, 3, 5)[0]
+    assert torch.equal(torch.as_tensor(shown.data).bool(), expected)
+
+
+def test_param_budget_shares():
+    fig = lessons.param_budget({"E4B": costs.dflash_param_count(costs.E4B_DFLASH)})
+    widths = [p.get_width() for p in fig.axes[0].patches]
+    assert sum(widths) == pytest.approx(1.0)
+    assert widths[-1] == pytest.approx(0.651, abs=0.001)  # E4B's own head

@@ -63,3 +63,12 @@ def test_kernels_on_cuda_super_shapes(shape):
     ref = replay_flush.reference(S0.double(), x.double(), dt.double(), B.double(), A.double())
     got = replay_flush(S0, x, dt, B, A)
     assert (got.double() - ref).abs().max() <= 1e-4 * (1 + ref.abs().max())
+
+
+def test_replay_store_runs_on_the_kernels(monkeypatch):
+    """The whole checkpoint + replay store, its verify and flush dispatched to the Triton kernels."""
+    from test_replay import run_random_acceptance
+
+    monkeypatch.setenv("MINISPEC_BACKEND", "triton")
+    err, store = run_random_acceptance("replay", torch.float32, steps=12, T=4, capacity=6)
+    assert err <= 1e-5 and store.flushes >= 3

@@ -260,9 +260,12 @@ class HybridLM(nn.Module):
     def speculative_target(self, output_hidden_states: bool = False, strategy: str | None = None,
                            capacity: int | None = None) -> "HybridTarget":
         """The adapter `minispec.speculative_generate` drives (prefill / verify forward / rollback).
-        strategy / capacity default to `self.spec_strategy` / `self.spec_capacity` ("replay", 16)."""
-        return HybridTarget(self, output_hidden_states, strategy or self.spec_strategy,
-                            capacity or self.spec_capacity)
+        strategy / capacity default to `self.spec_strategy` / `self.spec_capacity` ("replay", 16).
+        The newest adapter stays reachable as `self.last_target`, so its cache (and the state traffic
+        it counted) can be inspected after a run."""
+        self.last_target = HybridTarget(self, output_hidden_states, strategy or self.spec_strategy,
+                                        capacity or self.spec_capacity)
+        return self.last_target
 
     spec_strategy: str = "replay"
     spec_capacity: int = 16

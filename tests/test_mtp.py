@@ -156,6 +156,8 @@ def test_bad_input_is_a_clear_error(gemma):
         MTPDrafter(random_head(gemma, hidden_size=96), gemma)
     with pytest.raises(ValueError, match="vocab size 1000 != backbone vocab size 4096"):
         MTPDrafter(random_head(gemma, vocab_size=1000), gemma)
+    with pytest.raises(ValueError, match="head is torch.bfloat16 but the backbone is torch.float32"):
+        MTPDrafter(random_head(gemma).to(torch.bfloat16), gemma)
     for k in (0, -2, 1.5):
         with pytest.raises(ValueError, match="K >= 1"):
             MTPDrafter(random_head(gemma), gemma, num_draft_tokens=k)

@@ -76,11 +76,16 @@ class Backbone:
         return self.forward_fn(input_ids, attention_mask)
 
 
-def check_head_fits(config, backbone: Backbone) -> None:
-    """ValueError unless the head's sizes are the backbone's (the head shares its embedding and output head)."""
+def check_head_fits(head, backbone: Backbone) -> None:
+    """ValueError unless the head's sizes and dtype are the backbone's (it shares its embedding and output head)."""
+    config = head.config
     if config.hidden_size != backbone.hidden_size:
         raise ValueError(f"MTP head hidden size {config.hidden_size} != backbone hidden size {backbone.hidden_size}: "
                          "the head reads the backbone's hidden states and shares its embedding")
     if config.vocab_size != backbone.vocab_size:
         raise ValueError(f"MTP head vocab size {config.vocab_size} != backbone vocab size {backbone.vocab_size}: "
                          "the head drafts through the backbone's output head")
+    head_dtype, backbone_dtype = next(head.parameters()).dtype, backbone.head.weight.dtype
+    if head_dtype != backbone_dtype:
+        raise ValueError(f"MTP head is {head_dtype} but the backbone is {backbone_dtype}: convert the head "
+                         f"with head.to({backbone_dtype})")

@@ -108,7 +108,7 @@ def boost_loss(head: MTPHead, backbone: Backbone, input_ids: Tensor, depths: int
 
     loss_mask [B, S]: 1 where position p's next-token distribution counts (default: everywhere real).
     """
-    check_head_fits(head.config, backbone)
+    check_head_fits(head, backbone)
     B, S = input_ids.shape
     if S < 3:
         raise ValueError(f"boosting needs sequences of >= 3 tokens (slot j predicts x_(j+2)), got {S}")
@@ -156,3 +156,17 @@ class FrozenBackbone:
             raise ValueError(f"the backbone changed during boosting ({len(changed)} tensors, e.g. "
                              f"{', '.join(changed[:3])}); boosting needs it frozen: leave its parameters out "
                              "of the optimizer and set requires_grad=False")
+
+
+@torch.no_grad()
+def distribution_shift(old_model, new_model, input_ids: Tensor, loss_mask: Tensor | None = None) -> dict[str, float]:
+    """How far a post-trained backbone moved from the one a head was trained on, per token on input_ids [B, S]:
+    mean KL(p_new ‖ p_old) and mean 1 − TV(p_new, p_old) (the acceptance a perfect copy of the old
+    backbone would get against the new one). loss_mask [B, S]: positions that count (default all)."""
+    old_logits, _ = Backbone.of(old_model).run(input_ids)
+    new_logits, _ = Backbone.of(new_model).run(input_ids)
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+    n = mask.sum().clamp(min=1)
+    kl = (kl_divergence(new_logits, old_logits, reduction="none") * mask).sum() / n
+    overlap = torch.minimum(torch.softmax(new_logits, -1), torch.softmax(old_logits, -1)).sum(-1)
+    return {"kl": float(kl), "one_minus_tv": float((overlap * mask).sum() / n)}

@@ -40,7 +40,7 @@ class MTPDrafter:
     def __init__(self, head: MTPHead, backbone_model, num_draft_tokens: int = 3, argmax_drafts: bool = False):
         check_k(num_draft_tokens)
         self.backbone = backbone_model if isinstance(backbone_model, Backbone) else Backbone.of(backbone_model)
-        check_head_fits(head.config, self.backbone)
+        check_head_fits(head, self.backbone)
         self.head = head.eval()
         self.vocab_size = head.config.vocab_size
         self.num_draft_tokens = num_draft_tokens

@@ -79,6 +79,19 @@ def test_backbone_logits_are_the_targets_own(gemma):
     torch.testing.assert_close(logits, gemma(ids).logits.float(), atol=1e-5, rtol=1e-5)
 
 
+def test_hybrid_backbones_minispec_and_transformers(gemma):
+    from transformers import NemotronHForCausalLM
+
+    ours = tiny_hybrid()
+    theirs = NemotronHForCausalLM(ours.config).eval()
+    theirs.load_state_dict(ours.state_dict())
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    (ours_logits, ours_hidden), (hf_logits, hf_hidden) = Backbone.of(ours).run(ids), Backbone.of(theirs).run(ids)
+    torch.testing.assert_close(ours_hidden, hf_hidden, atol=1e-4, rtol=1e-4)  # both: after the final norm
+    torch.testing.assert_close(Backbone.of(ours).logits(ours_hidden), ours_logits)
+    torch.testing.assert_close(Backbone.of(theirs).logits(hf_hidden), hf_logits)
+
+
 def test_greedy_equals_autoregressive_with_a_random_head(gemma):
     assert_same_as_ar(gemma, MTPDrafter(random_head(gemma), gemma, num_draft_tokens=3), PROMPTS, 20)
 

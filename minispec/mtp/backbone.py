@@ -33,14 +33,6 @@ class Backbone:
 
     @classmethod
     def of(cls, model: nn.Module) -> "Backbone":
-        if hasattr(model, "backbone") and hasattr(model, "lm_head"):  # minispec.ssm.HybridLM
-            def run(ids, mask):
-                if mask is not None and not bool(mask.all()):
-                    raise ValueError("HybridLM runs unpadded sequences: attention_mask must be all ones")
-                _, hidden = model.backbone(ids)
-                return model.lm_head(hidden).float(), hidden
-            return cls(model, model.embed_tokens, model.lm_head, None, model.config.hidden_size,
-                       model.config.vocab_size, run)
         if hasattr(model, "get_input_embeddings") and hasattr(model, "get_output_embeddings"):
             cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
@@ -50,6 +42,15 @@ class Backbone:
             embed, head = model.get_input_embeddings(), model.get_output_embeddings()
             return cls(model, embed, head, getattr(cfg, "final_logit_softcapping", None),
                        embed.embedding_dim, head.out_features, run)
+        # minispec.ssm.HybridLM; checked second because some HF models have a `.backbone` attribute too.
+        if hasattr(model, "backbone") and hasattr(model, "lm_head"):
+            def run(ids, mask):
+                if mask is not None and not bool(mask.all()):
+                    raise ValueError("HybridLM runs unpadded sequences: attention_mask must be all ones")
+                _, hidden = model.backbone(ids)
+                return model.lm_head(hidden).float(), hidden
+            return cls(model, model.embed_tokens, model.lm_head, None, model.config.hidden_size,
+                       model.config.vocab_size, run)
         raise ValueError(f"{type(model).__name__} is not a backbone an MTP head can share: it needs an input "
                          "embedding and an output head (a Hugging Face causal LM or minispec.ssm.HybridLM)")
 

@@ -1,0 +1,177 @@
+"""Quantization-aware distillation (QAD): `python -m minispec.quant.qad --recipe aggressive --steps 300`.
+
+    teacher  the BF16 model, frozen (no gradients, eval mode)
+    student  a copy PTQ'd by a recipe (fake-quant layers with the straight-through estimator)
+    loss     forward KL(p_teacher ‖ p_student) of the next-token distributions at T = 1, per token,
+             mean over tokens (minispec.kl.kl_divergence: the fused Triton kernel where it is dispatched)
+
+Every student parameter trains; quantizer scales are buffers and do not. With `scales: static` the block
+scales stay as calibrated (what four-over-six and MSE need: their per-block choice is a calibration
+result); with `scales: dynamic` they are recomputed from the moving weights at every forward (research
+§4.1–4.3). No cross-entropy term: the student learns the teacher's distribution, not the corpus.
+Seeded, resumable from `<work_dir>/qad.pt`; data are windows of the corpus' train split.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from minispec.kl import kl_divergence
+from minispec.quant.api import AGGRESSIVE, LIGHTNING_LIKE, check_recipe, load_recipe, quantize
+from minispec.targets.train import Settings as _TargetSettings
+from minispec.targets.train import lr_at
+
+
+@dataclass
+class Settings:
+    steps: int = 300
+    batch: int = 4
+    seq_len: int = 64
+    lr: float = 1e-4
+    warmup: int = 10
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    ckpt_every: int = 50
+
+
+def _lr(step: int, s: Settings) -> float:
+    return lr_at(step, _TargetSettings(lr=s.lr, warmup=s.warmup, steps=s.steps, min_lr_ratio=s.min_lr_ratio))
+
+
+def freeze(teacher) -> None:
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+
+
+def make_student(teacher, recipe: dict, forward_loop=None):
+    """A PTQ'd deep copy of the teacher with every parameter trainable."""
+    student = quantize(copy.deepcopy(teacher), recipe, forward_loop)
+    for p in student.parameters():
+        p.requires_grad_(True)
+    return student
+
+
+def qad_loss(teacher, student, input_ids: torch.Tensor) -> torch.Tensor:
+    """Mean over the tokens of `input_ids` [B, T] of KL(teacher ‖ student) on their next-token logits."""
+    with torch.no_grad():
+        t = teacher(input_ids=input_ids).logits
+    s = student(input_ids=input_ids).logits
+    return kl_divergence(t.reshape(-1, t.shape[-1]), s.reshape(-1, s.shape[-1]))
+
+
+@torch.no_grad()
+def evaluate_kl(teacher, student, windows: torch.Tensor, batch: int = 8) -> float:
+    """Mean per-token KL(teacher ‖ student) on fixed `[n, T]` windows."""
+    was = student.training
+    student.eval()
+    total = 0.0
+    for i in range(0, len(windows), batch):
+        chunk = windows[i: i + batch]
+        total += qad_loss(teacher, student, chunk).item() * len(chunk)
+    student.train(was)
+    return total / len(windows)
+
+
+def make_optimizer(student, s: Settings) -> torch.optim.AdamW:
+    return torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=s.lr,
+                             weight_decay=s.weight_decay, betas=(0.9, 0.95))
+
+
+def train(teacher, student, batches, s: Settings, work_dir: Path | None = None, stop_after: int | None = None,
+          progress: bool = True, on_step=None) -> list[float]:
+    """Run QAD steps 0 .. s.steps-1 (resuming from work_dir/qad.pt if it exists); returns the loss history.
+
+    batches(step) -> [B, T] input ids: the data of each step is a function of the step, so a resumed run
+    sees exactly what an uninterrupted one would. on_step(step, loss) is called after each step (live plots).
+    """
+    freeze(teacher)
+    torch.manual_seed(s.seed)
+    opt = make_optimizer(student, s)
+    start, history = 0, []
+    ckpt = Path(work_dir) / "qad.pt" if work_dir is not None else None
+    if ckpt is not None and ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        if state["settings"] != asdict(s):
+            raise ValueError(f"{ckpt} was written with other settings {state['settings']}; use a new work_dir")
+        student.load_state_dict(state["student"])
+        opt.load_state_dict(state["optimizer"])
+        start, history = state["step"], state["history"]
+    student.train()
+    end = s.steps if stop_after is None else min(s.steps, stop_after)
+    bar = tqdm(range(start, end), desc="QAD", disable=not progress, initial=start, total=s.steps)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, s)
+        loss = qad_loss(teacher, student, batches(step))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), s.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        history.append(loss.item())
+        bar.set_postfix(kl=f"{sum(history[-20:]) / len(history[-20:]):.4f}")
+        if on_step is not None:
+            on_step(step, history[-1])
+        if ckpt is not None and ((step + 1) % s.ckpt_every == 0 or step + 1 == end):
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"student": student.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                        "history": history, "settings": asdict(s)}, ckpt.with_suffix(".tmp"))
+            ckpt.with_suffix(".tmp").replace(ckpt)
+    student.eval()
+    return history
+
+
+def corpus_batches(tokenizer, s: Settings, split: str = "train"):
+    """batches(step) -> seeded random [batch, seq_len] windows of a corpus split."""
+    from minispec.targets import data
+
+    stream = data.token_stream(split, tokenizer)
+    return lambda step: data.random_windows(stream, s.batch, s.seq_len, s.seed, step)
+
+
+RECIPES = {"aggressive": AGGRESSIVE, "lightning-like": LIGHTNING_LIKE}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import minispec as ms
+    from minispec.targets import data
+
+    p = argparse.ArgumentParser(prog="python -m minispec.quant.qad", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="bolt-mini")
+    p.add_argument("--recipe", default="aggressive", help=f"{sorted(RECIPES)} or a recipe .json file")
+    p.add_argument("--scales", choices=["static", "dynamic"], help="override the recipe's scale kind")
+    p.add_argument("--work-dir", type=Path, default=Path("runs/qad"))
+    for f, v in asdict(Settings()).items():
+        p.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
+    a = p.parse_args(argv)
+    s = Settings(**{f: getattr(a, f) for f in asdict(Settings())})
+    recipe = RECIPES[a.recipe] if a.recipe in RECIPES else load_recipe(a.recipe)
+    if a.scales:
+        recipe = check_recipe(dict(recipe, scales=a.scales))
+    teacher, tok = ms.load_target(a.target)
+    calib = data.random_windows(data.token_stream("train", tok), 8, s.seq_len, s.seed, -1)
+    student = make_student(teacher, recipe, lambda m: m(input_ids=calib))
+    val = data.random_windows(data.token_stream("val", tok), 16, s.seq_len, s.seed, -2)
+    before = evaluate_kl(teacher, student, val)
+    history = train(teacher, student, corpus_batches(tok, s), s, a.work_dir)
+    after = evaluate_kl(teacher, student, val)
+    summary = {"recipe": recipe["name"], "scales": recipe["scales"], "settings": asdict(s),
+               "val_kl_ptq": before, "val_kl_qad": after, "train_kl_first_20": sum(history[:20]) / 20,
+               "train_kl_last_20": sum(history[-20:]) / 20,
+               "command": "python -m minispec.quant.qad " + " ".join(argv or [])}
+    a.work_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(student.state_dict(), a.work_dir / "student.pt")
+    (a.work_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

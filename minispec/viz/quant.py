@@ -1,0 +1,121 @@
+"""NVFP4 pictures for notebook 04: the E2M1 grid, two-level scales, a block by hand, four-over-six,
+sensitivity bars and QAD curves. Each function draws into `ax` if given and returns the Figure."""
+from __future__ import annotations
+
+import torch
+
+from minispec.quant import nvfp4
+from minispec.viz.plots import PALETTE, _axes, _finish
+
+
+def e2m1_grid(ax=None):
+    """The 15 distinct E2M1 values on a line, with the round-to-nearest-even decision thresholds."""
+    ax = _axes(ax)
+    values = sorted(set(nvfp4.E2M1_VALUES))
+    ax.scatter(values, [0] * len(values), s=60, color=PALETTE[0], zorder=3, label="E2M1 values")
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+    for t in ties + [-t for t in ties]:
+        ax.axvline(t, color=PALETTE[1], lw=0.8, ls=":")
+    ax.plot([], [], color=PALETTE[1], ls=":", label="rounding thresholds (ties go to the even code)")
+    for v in values:
+        if v >= 0:
+            ax.annotate(f"{v:g}", (v, 0), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
+    ax.set_yticks([])
+    ax.set_ylim(-1, 1)
+    return _finish(ax, "E2M1: steps of 0.5 below 2, 1 up to 4, then 2 (4 → 6)", "value", "")
+
+
+def two_level_scales(x: torch.Tensor, ax=None):
+    """One row of x [K] (K a multiple of 16): |x|, each block's scale s_b·g·6 (the largest value it can
+    hold), and the dequantized values — the per-tensor g sets the range, the E4M3 s_b each block's."""
+    ax = _axes(ax)
+    t = nvfp4.quantize(x[None].float())
+    x_hat = t.dequantize()[0]
+    k = torch.arange(len(x))
+    ax.bar(k, x.abs(), color=PALETTE[5], width=1.0, label="|x|")
+    ax.scatter(k, x_hat.abs(), s=10, color=PALETTE[3], zorder=3, label="|x̂| (dequantized)")
+    reach = (t.block_scales.float()[0] * t.global_scale * nvfp4.E2M1_MAX).tolist()
+    for b, r in enumerate(reach):
+        ax.hlines(r, b * 16 - 0.5, b * 16 + 15.5, color=PALETTE[2], lw=2, label="6 · s_b · g (block range)" if b == 0 else None)
+        ax.axvline(b * 16 - 0.5, color="grey", lw=0.5)
+    return _finish(ax, f"two-level scales: g = {t.global_scale.item():.3g} per tensor, one E4M3 s_b per 16",
+                   "element", "magnitude")
+
+
+def block_by_hand(block: torch.Tensor, global_scale: float | None = None) -> list[dict]:
+    """The steps of quantizing one 16-element block, as table rows: x, x / (s_b · g), its E2M1 value,
+    the 4-bit code, x̂ and the error. The first row carries a_b, s_b and g."""
+    block = block.float().flatten()
+    if block.numel() != nvfp4.BLOCK_SIZE:
+        raise ValueError(f"a block has {nvfp4.BLOCK_SIZE} elements, got {block.numel()}")
+    g = nvfp4.global_scale_from_amax(block.abs().max()) if global_scale is None else torch.tensor(float(global_scale))
+    a_b = block.abs().max()
+    s_b = nvfp4.block_scales(a_b[None], g)[0]
+    scaled = block / (s_b * g)
+    q = nvfp4.e2m1_round(scaled.clamp(-6, 6))
+    codes = nvfp4.e2m1_encode(q)
+    x_hat = q * s_b * g
+    rows = []
+    for i in range(nvfp4.BLOCK_SIZE):
+        rows.append({"x": round(block[i].item(), 5), "x/(s_b·g)": round(scaled[i].item(), 4), "E2M1": q[i].item(),
+                     "code": f"{int(codes[i]):04b}", "x̂": round(x_hat[i].item(), 5),
+                     "error": round((x_hat[i] - block[i]).item(), 5)})
+    rows[0].update({"a_b": round(a_b.item(), 5), "s_b (E4M3)": s_b.item(), "g": g.item()})
+    return rows
+
+
+def four_over_six_errors(n: int = 256, seed: int = 0) -> dict[str, float]:
+    """MSE of plain NVFP4 and of four-over-six on an n×n Gaussian, and the fraction of blocks choosing 4."""
+    x = torch.randn(n, n, generator=torch.Generator().manual_seed(seed))
+    plain = ((nvfp4.quantize(x).dequantize() - x) ** 2).mean().item()
+    t = nvfp4.quantize(x, four_over_six=True)
+    fos = ((t.dequantize() - x) ** 2).mean().item()
+    blocks = x.reshape(n, -1, 16)
+    scale_6 = nvfp4.block_scales(blocks.abs().amax(-1), t.global_scale, max_code=6.0)
+    chose_4 = (t.block_scales.float() != scale_6).float().mean().item()
+    return {"mse_max": plain, "mse_four_over_six": fos, "reduction": 1 - fos / plain, "blocks_choosing_4": chose_4}
+
+
+def four_over_six_block(block: torch.Tensor, ax=None):
+    """One block quantized with max → 6 and with max → 4: the values each grid can hit near the max."""
+    ax = _axes(ax)
+    block = block.float().flatten()[None]
+    g = nvfp4.global_scale_from_amax(block.abs().max(), four_over_six=True)
+    blocks = block.reshape(1, 1, 16)
+    k = torch.arange(16)
+    ax.scatter(k, block[0], color="black", s=25, label="x", zorder=3)
+    for code, color in ((6.0, PALETTE[0]), (4.0, PALETTE[3])):
+        s = nvfp4.block_scales(blocks.abs().amax(-1), g, max_code=code)
+        x_hat = nvfp4.dequantize_blocks(nvfp4.quantize_blocks(blocks, s, g), s, g)[0, 0]
+        err = nvfp4.block_squared_error(blocks, s, g).item()
+        ax.scatter(k, x_hat, marker="_", s=200, color=color, lw=2, label=f"max → {code:g}: Σ err² = {err:.4f}")
+    return _finish(ax, "four-over-six keeps whichever grid errs less", "element", "value")
+
+
+def sensitivity_bars(scores: dict[str, dict[str, float]], fmt: str = "w4a16", top: int = 20, ax=None):
+    """The `top` most sensitive layers by AutoQuant score for `fmt`, log scale, output head highlighted."""
+    ranked = sorted(((n, s[fmt]) for n, s in scores.items() if fmt in s), key=lambda t: -t[1])[:top][::-1]
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.4, 0.22 * len(ranked) + 1.2), layout="constrained")
+        plt.close(fig)
+    names = [n.replace("model.layers.", "L").replace("self_attn.", "").replace("mlp.", "") for n, _ in ranked]
+    colors = [PALETTE[3] if "lm_head" in n else PALETTE[0] for n, _ in ranked]
+    ax.barh(names, [s for _, s in ranked], color=colors)
+    ax.set_xscale("log")
+    ax.tick_params(axis="y", labelsize=7)
+    return _finish(ax, f"AutoQuant score Σ(∂L/∂Y ⊙ ΔY)², {fmt}", "score (log)", "", legend=False)
+
+
+def qad_curve(history, ax=None, window: int = 10, **baselines):
+    """Training KL per step (and its running mean); keyword baselines (e.g. ptq=0.008) as lines."""
+    ax = _axes(ax)
+    h = torch.tensor(history, dtype=torch.float64)
+    ax.plot(h, color=PALETTE[5], lw=0.8, label="KL per step")
+    if len(h) >= window:
+        smooth = h.unfold(0, window, 1).mean(-1)
+        ax.plot(torch.arange(window - 1, len(h)), smooth, color=PALETTE[0], lw=2, label=f"mean of {window}")
+    for i, (name, value) in enumerate(baselines.items()):
+        ax.axhline(value, color=PALETTE[(i + 1) % len(PALETTE)], ls="--", label=name)
+    return _finish(ax, "QAD: KL(teacher ‖ student)", "step", "KL (nats / token)")

@@ -4,7 +4,8 @@ import torch
 from tiny import tiny_gemma
 
 from minispec.mtp import Backbone, MTPConfig, MTPHead
-from minispec.mtp.boost import FrozenBackbone, boost_loss, chained_hidden_state, mix_hidden_states, run_depths
+from minispec.mtp.boost import (FrozenBackbone, boost_loss, chained_hidden_state, mix_hidden_states, run_depths,
+                                stand_in_gap)
 
 B, S, H = 32, 40, 4
 
@@ -92,6 +93,22 @@ def test_hsm_changes_later_depths_only(setup):
     assert (mixed.kl[1:] != plain.kl[1:]).all()
 
 
+def test_tv_objective_is_one_minus_acceptance_and_trains_the_head(setup):
+    _, head, backbone, ids = setup
+    res = boost_loss(head, backbone, ids, depths=2, objective="tv")
+    assert res.loss.item() == pytest.approx(1 - res.acceptance.mean().item(), rel=1e-6)
+    res.loss.backward()
+    assert head.layers[0].eh_proj.weight.grad.abs().sum() > 0
+    head.zero_grad()
+
+
+def test_stand_in_gap_is_zero_at_depth_one_only(setup):
+    _, head, backbone, ids = setup
+    gap = stand_in_gap(head, backbone, ids, depths=3)
+    assert gap["cosine"][0].item() == pytest.approx(1.0, abs=1e-6) and gap["relative_error"][0] == 0
+    assert (gap["relative_error"][1:] > 0.05).all() and (gap["cosine"][1:] < 0.999).all()
+
+
 def test_frozen_backbone_guard(setup):
     model, *_ = setup
     guard = FrozenBackbone(model)
@@ -116,5 +133,7 @@ def test_bad_input_is_a_clear_error(setup):
         boost_loss(head, backbone, ids, depths=1, hsm=True)
     with pytest.raises(ValueError, match="depths must be an int >= 1"):
         boost_loss(head, backbone, ids, depths=0)
+    with pytest.raises(ValueError, match="objective must be one of"):
+        boost_loss(head, backbone, ids, depths=1, objective="ce")
     with pytest.raises(ValueError, match="vocab size"):
         boost_loss(MTPHead(MTPConfig(hidden_size=64, vocab_size=100)), backbone, ids, depths=1)

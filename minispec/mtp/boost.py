@@ -34,6 +34,9 @@ from minispec.mtp.backbone import Backbone, check_head_fits
 from minispec.mtp.head import MTPHead
 
 
+OBJECTIVES = ("kl", "tv")
+
+
 @dataclass
 class BoostLoss:
     loss: Tensor  # 0-d, mean over depths of the per-depth KL (differentiable in the head)
@@ -82,6 +85,11 @@ def run_depths(head: MTPHead, backbone: Backbone, hidden: Tensor, input_ids: Ten
     shared_grad=False (boosting): the embedding and output head the head shares with the backbone are
     constants, so gradients train the head's own weights only. True: joint training updates them too.
     """
+    return _run_depths(head, backbone, hidden, input_ids, depths, attention_mask, hsm, generator, shared_grad)[0]
+
+
+def _run_depths(head, backbone, hidden, input_ids, depths, attention_mask, hsm, generator, shared_grad):
+    """run_depths, also returning the inputs each depth read ([K] of [B, S, H]) and the slot mask."""
     if not isinstance(depths, int) or depths < 1:
         raise ValueError(f"depths must be an int >= 1, got {depths!r}")
     if hsm and depths < 2:
@@ -92,22 +100,48 @@ def run_depths(head: MTPHead, backbone: Backbone, hidden: Tensor, input_ids: Ten
     next_ids = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1).masked_fill(~slot_valid, 0)
     with torch.set_grad_enabled(shared_grad and torch.is_grad_enabled()):
         next_embeds = backbone.embed(next_ids)
-    history, logits = [hidden], []
+    history, logits, inputs = [hidden], [], []
     for _ in range(depths):
         h_in = mix_hidden_states(history, slot_valid, generator) if hsm else chained_hidden_state(history, slot_valid)
         out = head(h_in, next_embeds, slot_valid)
+        inputs.append(h_in)
         history.append(out)
         logits.append(backbone.logits(out, shared_grad))
-    return logits
+    return logits, inputs, slot_valid
+
+
+@torch.no_grad()
+def stand_in_gap(head: MTPHead, backbone: Backbone, input_ids: Tensor, depths: int) -> dict[str, Tensor]:
+    """The train/inference mismatch, measured on input_ids [B, S]: at depth k the head reads its own
+    output in place of the backbone's h_j. Per depth k = 1..K, over slots j >= k-1:
+    "cosine" [K] mean cosine similarity and "relative_error" [K] mean ‖stand-in − h_j‖ / ‖h_j‖
+    (depth 1 reads h_j itself: 1 and 0)."""
+    _, hidden = backbone.run(input_ids)
+    _, inputs, slot_valid = _run_depths(head, backbone, hidden, input_ids, depths, None, False, None, False)
+    slots = torch.arange(input_ids.shape[1], device=input_ids.device)
+    cosines, errors = [], []
+    for k, h_in in enumerate(inputs, start=1):
+        mask = slot_valid & (slots >= k - 1)[None, :]
+        h, x = hidden.float(), h_in.float()
+        cos = torch.nn.functional.cosine_similarity(x, h, dim=-1)
+        err = (x - h).norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-12)
+        cosines.append(cos[mask].mean())
+        errors.append(err[mask].mean())
+    return {"cosine": torch.stack(cosines), "relative_error": torch.stack(errors)}
 
 
 def boost_loss(head: MTPHead, backbone: Backbone, input_ids: Tensor, depths: int,
                loss_mask: Tensor | None = None, attention_mask: Tensor | None = None, hsm: bool = False,
-               generator: torch.Generator | None = None, temperature: float = 1.0) -> BoostLoss:
+               generator: torch.Generator | None = None, temperature: float = 1.0,
+               objective: str = "kl") -> BoostLoss:
     """Per-depth KL(backbone ‖ head) on input_ids [B, S]; the backbone runs without gradients.
 
     loss_mask [B, S]: 1 where position p's next-token distribution counts (default: everywhere real).
+    objective="tv" trains on TV(p, q) = 1 − Σ min(p, q) instead, the acceptance loss itself (the "LK"
+    loss of research §1.3); `kl` and `acceptance` are reported either way.
     """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     check_head_fits(head, backbone)
     B, S = input_ids.shape
     if S < 3:
@@ -127,13 +161,14 @@ def boost_loss(head: MTPHead, backbone: Backbone, input_ids: Tensor, depths: int
         mask = counts[:, 1:] & real[:, :-1] & (slots >= k - 1)[None, :]  # [B, S-1]
         kl = kl_divergence(teacher_next, logits[:, :-1], temperature, "none")
         n = mask.sum().clamp(min=1)
-        term = (kl * mask).sum() / n
-        terms.append(term)
-        with torch.no_grad():
-            p = torch.softmax(teacher_next / temperature, -1)
-            q = torch.softmax(logits[:, :-1].detach() / temperature, -1)
-            accepts.append((torch.minimum(p, q).sum(-1) * mask).sum() / n)
-        kls.append(term.detach())
+        kl_term = (kl * mask).sum() / n
+        p = torch.softmax(teacher_next / temperature, -1)
+        student = logits[:, :-1] if objective == "tv" else logits[:, :-1].detach()
+        q = torch.softmax(student / temperature, -1)
+        accept = (torch.minimum(p, q).sum(-1) * mask).sum() / n
+        terms.append(kl_term if objective == "kl" else 1 - accept)
+        accepts.append(accept.detach())
+        kls.append(kl_term.detach())
         counted.append(mask.sum())
     return BoostLoss(torch.stack(terms).mean(), torch.stack(kls), torch.stack(accepts), torch.stack(counted))
 

@@ -34,6 +34,7 @@ class BoostSettings:
     depths: int = 3  # recursive calls trained per step
     hsm: bool = True  # hidden-state mixing (Megatron-LM `mtp_hsm`)
     temperature: float = 1.0  # of both distributions in the KL
+    objective: str = "kl"  # or "tv": train on 1 − Σ min(p, q), the acceptance itself
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup: int = 10
@@ -96,7 +97,7 @@ def boost(head: MTPHead, backbone_model, replies: Replies, s: BoostSettings, wor
             group["lr"] = lr_at(step, s)
         generator = torch.Generator(x.device).manual_seed(s.seed * 1_000_003 + step)
         res = boost_loss(head, backbone, x, s.depths, loss_mask=loss_mask, hsm=s.hsm, generator=generator,
-                         temperature=s.temperature)
+                         temperature=s.temperature, objective=s.objective)
         res.loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), s.grad_clip)
         opt.step()

@@ -1,0 +1,85 @@
+"""The NVFP4 study of bolt-mini in one command: `python -m minispec.quant.report --qad-dir runs/qad`.
+
+Sensitivity ranking, the aggressive and the conservative recipe, their storage, PTQ vs QAD recovery on the
+eval set, reply-length drift, and (when the DFlash drafter is shipped) τ with the quantized target and
+with the W4A16 drafter. Writes every number to a JSON file (docs/nvfp4.md quotes one).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from minispec.quant import evaluate as ev
+from minispec.quant import sensitivity as sens
+from minispec.quant.api import AGGRESSIVE, quantize, storage_report
+from minispec.quant.qad import make_student
+
+
+def sensitivity_batches(tokenizer, n: int = 4, batch: int = 2, seq_len: int = 128, seed: int = 0):
+    from minispec.targets import data
+
+    stream = data.token_stream("val", tokenizer)
+    return [data.random_windows(stream, batch, seq_len, seed, 100 + i) for i in range(n)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    import minispec as ms
+    from minispec.targets import data
+
+    p = argparse.ArgumentParser(prog="python -m minispec.quant.report")
+    p.add_argument("--target", default="bolt-mini")
+    p.add_argument("--qad-dir", type=Path, default=Path("runs/qad"), help="where `minispec.quant.qad` wrote student.pt")
+    p.add_argument("--bits", type=float, default=6.0, help="conservative recipe: effective-bits budget")
+    p.add_argument("--prompts", type=int, default=48, help="eval prompts for the teacher-forced metrics")
+    p.add_argument("--length-prompts", type=int, default=16)
+    p.add_argument("--drafter", default="bolt-mini-dflash")
+    p.add_argument("--out", type=Path, default=Path("runs/nvfp4_report.json"))
+    a = p.parse_args(argv)
+    t0 = time.time()
+    teacher, tok = ms.load_target(a.target)
+    scores = sens.sensitivity(teacher, sensitivity_batches(tok))
+    ranked = sens.ranking(scores)
+    total = sum(s for _, s in ranked)
+    conservative = sens.conservative_recipe(teacher, scores, a.bits)
+    models = {"ptq-aggressive": make_student(teacher, AGGRESSIVE).eval()}
+    qad_path = a.qad_dir / "student.pt"
+    if qad_path.exists():
+        student = make_student(teacher, AGGRESSIVE)
+        student.load_state_dict(torch.load(qad_path))
+        models["qad-aggressive"] = student.eval()
+    calib = data.random_windows(data.token_stream("train", tok), 8, 64, 0, -1)  # as minispec.quant.qad calibrates
+    models["ptq-conservative"] = make_student(teacher, conservative, lambda m: m(input_ids=calib)).eval()
+    stream = data.token_stream("test", tok)
+    lp = ev.length_prompts(stream, tok.eos_token_id, tok.bos_token_id, a.length_prompts)
+    drafter_model = None
+    try:
+        drafter_model = ms.load_drafter(a.drafter, teacher).model
+    except (FileNotFoundError, ValueError) as e:
+        print(f"no DFlash drafter: {e}")
+    make = ev.dflash_drafter_for(drafter_model) if drafter_model is not None else None
+    report = ev.evaluate_models(teacher, models, ms.load_evalset(), tok, a.prompts, lp, drafter=make)
+    out = {"command": "python -m minispec.quant.report " + " ".join(argv or []),
+           "sensitivity_top10": ranked[:10], "head_share_of_w4a16_score": scores["lm_head"]["w4a16"] / total,
+           "conservative_recipe": conservative,
+           "storage": {n: storage_report(m) for n, m in models.items() if n != "qad-aggressive"},
+           "evaluation": report, "table": ev.recovery_table(report)}
+    if drafter_model is not None:
+        spec_prompts = [p[-64:] for p in ms.load_evalset().prompts[:8]]
+        out["tau_quantized_target"] = ev.tau_with_quantized_target(teacher, models["ptq-aggressive"], drafter_model,
+                                                                   spec_prompts)
+        out["tau_w4a16_drafter"] = ev.tau_of_quantized_drafter(teacher, drafter_model, spec_prompts)
+    out["seconds"] = time.time() - t0
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=1, default=float))
+    for row in out["table"]:
+        print(row)
+    print({k: v for k, v in out.items() if k.startswith("tau") or k.startswith("head")})
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -17,6 +17,7 @@ import torch
 import minispec as ms
 from minispec.dflash.bench import bench_dflash
 from minispec.kl_bench import bench_kl
+from minispec.mtp.bench import bench_mtp
 from minispec.ssm.bench import bench_replay
 
 
@@ -97,7 +98,8 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(str(r[c]).rjust(w) for c, w in zip(cols, widths)))
 
 
-BENCHES = {"ar": bench_ar, "spec": bench_spec, "kl": bench_kl, "dflash": bench_dflash, "replay": bench_replay}
+BENCHES = {"ar": bench_ar, "spec": bench_spec, "kl": bench_kl, "dflash": bench_dflash, "replay": bench_replay,
+           "mtp": bench_mtp}
 
 
 def main(argv: list[str] | None = None) -> None:

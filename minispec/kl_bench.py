@@ -7,7 +7,8 @@
 On CUDA: tokens in {4096, 16384, 32768} at V = 262,144 (Nemotron 3.5's vocabulary), with each method's
 peak allocated memory above the inputs (logits and, for the backward, the gradient); a method that runs
 out of memory gets a row saying so. On a CPU the reference and its torch.compile run, on a small
-shape; the kernel does not (it would run in Triton's interpreter, which measures the interpreter). Times are the best of `args.repeats` runs; `speedup` is against the reference's row.
+shape; the kernel does not (it would run in Triton's interpreter, which measures the interpreter).
+Times are the best of `args.repeats` runs; `speedup` is against the reference's row.
 """
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def bench_kl(args) -> list[dict]:
                 if method == "torch reference":
                     baseline[op] = ms
                 peak = (torch.cuda.max_memory_allocated() - base_bytes) / GIB if cuda else None
-                rows.append({**row, "ms": round(ms, 3), "speedup": round(baseline[op] / ms, 2) if op in baseline else None,
+                speedup = round(baseline[op] / ms, 2) if op in baseline else None
+                rows.append({**row, "ms": round(ms, 3), "speedup": speedup,
                              "peak_extra_GiB": None if peak is None else round(peak, 2), "note": ""})
         del teacher, student
     return rows

@@ -133,7 +133,8 @@ def test_cache_after_ragged_acceptance_equals_a_fresh_full_pass(model_name, gemm
     model = gemma if model_name == "gemma" else tiny_hybrid()
     prompts = PROMPTS if model_name == "gemma" else PROMPTS[:1]  # HybridTarget runs one sequence
     drafter = Recording(random_head(model, seed=1), model, num_draft_tokens=3)
-    out = ms.speculative_generate(model, drafter, prompts, 24, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    out = ms.speculative_generate(model, drafter, prompts, 24, temperature=1.0,
+                                  generator=torch.Generator().manual_seed(0))
     accepted = [c.accepted for c in out.stats.cycles if c.cycle > 0]
     assert max(accepted) >= 1 and len(set(accepted)) > 1  # ragged, multi-token commits happened
     q = drafter.propose(torch.tensor([s[-1] for s in drafter.seen]), 1, Sampling(temperature=1.0),
@@ -181,3 +182,13 @@ def test_bad_input_is_a_clear_error(gemma):
         MTPConfig(hidden_size=64, vocab_size=4096, pattern="*M")
     with pytest.raises(ValueError, match="not a backbone"):
         Backbone.of(torch.nn.Linear(3, 3))
+
+
+def test_bench_rows_on_a_tiny_hybrid():
+    from minispec.mtp.bench import speed_rows
+
+    model = tiny_hybrid()
+    rows = speed_rows(model, random_head(model), [torch.tensor([5, 6, 7]), torch.tensor([8, 9])], 6, ks=(2,),
+                      temperatures=(0.0, 1.0))
+    assert [r["method"] for r in rows] == ["autoregressive", "MTP speculative", "MTP speculative"]
+    assert rows[1]["equal_to_ar"] is True and rows[1]["tau"] >= 1.0 and len(rows[1]["per_position"].split()) == 2

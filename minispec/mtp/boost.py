@@ -95,7 +95,8 @@ def _run_depths(head, backbone, hidden, input_ids, depths, attention_mask, hsm, 
     if hsm and depths < 2:
         raise ValueError("hidden-state mixing needs at least 2 depths (depth 1 always reads the backbone)")
     B, S = input_ids.shape
-    real = torch.ones(B, S, dtype=torch.bool, device=input_ids.device) if attention_mask is None else attention_mask.bool()
+    real = (torch.ones(B, S, dtype=torch.bool, device=input_ids.device) if attention_mask is None
+            else attention_mask.bool())
     slot_valid = real & torch.cat([real[:, 1:], torch.zeros_like(real[:, :1])], dim=1)  # x_j and x_{j+1} real
     next_ids = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1).masked_fill(~slot_valid, 0)
     with torch.set_grad_enabled(shared_grad and torch.is_grad_enabled()):
@@ -152,7 +153,8 @@ def boost_loss(head: MTPHead, backbone: Backbone, input_ids: Tensor, depths: int
     with torch.no_grad():
         teacher, hidden = backbone.run(input_ids, attention_mask)
     student = run_depths(head, backbone, hidden, input_ids, depths, attention_mask, hsm, generator)
-    real = torch.ones(B, S, dtype=torch.bool, device=input_ids.device) if attention_mask is None else attention_mask.bool()
+    real = (torch.ones(B, S, dtype=torch.bool, device=input_ids.device) if attention_mask is None
+            else attention_mask.bool())
     counts = real if loss_mask is None else real & loss_mask.bool()
     teacher_next = teacher[:, 1:]  # slot j's teacher: the backbone at position j+1
     slots = torch.arange(S - 1, device=input_ids.device)

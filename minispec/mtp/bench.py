@@ -1,0 +1,66 @@
+"""`python -m minispec.bench mtp`: AR vs MTP speculative decoding on lightning-mini, in one run.
+
+The head is the one shipped beside the backbone (`mtp_config.json` + `mtp.safetensors` in the
+lightning-mini folder). Batch 1, the replay Mamba-state strategy, the frozen eval prompts. Per
+temperature and K: tokens/s, τ (tokens per target forward, i.e. AL), the ratio to AR, the per-position
+acceptance, and at T = 0 whether the output equals AR token for token. The AR baseline is greedy
+plain decoding with the model's own cache at every temperature (its cost per token does not depend on
+how the token is chosen).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minispec.mtp.drafter import MTPDrafter
+from minispec.mtp.head import MTPHead
+from minispec.spec.stats import SpecStats
+
+KS = (3, 7)
+
+
+def speed_rows(model, head: MTPHead, prompts: list[torch.Tensor], max_new_tokens: int, ks=KS,
+               temperatures=(0.0, 1.0), seed: int = 0) -> list[dict]:
+    """AR and MTP speculative decoding of each prompt (batch 1) on a HybridLM `model`."""
+    import minispec as ms
+
+    start = time.perf_counter()
+    ar = [model.generate(p[None], max_new_tokens) for p in prompts]
+    ar_s = time.perf_counter() - start
+    n_ar = sum(a.shape[1] for a in ar)
+    rows = [{"method": "autoregressive", "T": "-", "K": 0, "tau": 1.0, "tokens_per_s": round(n_ar / ar_s, 1),
+             "speedup": 1.0, "per_position": "-", "equal_to_ar": True}]
+    for temperature in temperatures:
+        for k in ks:
+            drafter = MTPDrafter(head, model, num_draft_tokens=k)
+            generator = torch.Generator().manual_seed(seed)
+            start = time.perf_counter()
+            outs = [ms.speculative_generate(model, drafter, p[None], max_new_tokens, temperature=temperature,
+                                            generator=generator) for p in prompts]
+            s = time.perf_counter() - start
+            n = sum(int(o.lengths.sum()) for o in outs)
+            stats = SpecStats([c for o in outs for c in o.stats.cycles])
+            equal = (all(torch.equal(o.tokens[0, : a.shape[1]], a[0]) for o, a in zip(outs, ar))
+                     if temperature == 0 else "-")
+            rows.append({"method": "MTP speculative", "T": temperature, "K": k,
+                         "tau": round(stats.tau, 3),
+                         "tokens_per_s": round(n / s, 1), "speedup": round((n / s) / (n_ar / ar_s), 3),
+                         "per_position": " ".join(f"{x:.2f}" for x in stats.per_position.tolist()),
+                         "equal_to_ar": equal})
+    return rows
+
+
+def bench_mtp(args) -> list[dict]:
+    import minispec as ms
+    from minispec.ssm.hybrid import HybridLM
+    from minispec.targets.load import resolve
+
+    folder = resolve("lightning-mini")
+    if not (folder / "mtp.safetensors").exists():
+        raise ValueError(f"no MTP head beside lightning-mini ({folder / 'mtp.safetensors'} is missing): "
+                         "save one there with MTPHead.save_pretrained")
+    model = HybridLM.from_pretrained(folder)
+    head = MTPHead.from_pretrained(folder, dtype=model.dtype)
+    prompts = ms.load_evalset().prompts[: args.prompts]
+    return speed_rows(model, head, prompts, args.max_new_tokens, temperatures=tuple(args.temperatures))

@@ -1,0 +1,101 @@
+"""The evaluation suite: token categories, metrics and recovery, reply-length drift, and the two DFlash
+measurements (τ with a quantized target, τ of a W4A16 drafter) on a tiny target and drafter."""
+import copy
+import statistics
+
+import pytest
+import torch
+from tiny import tiny_gemma
+
+from minispec import quant
+from minispec.dflash.config import DFlashConfig
+from minispec.dflash.model import DFlashDraftModel
+from minispec.quant import evaluate as ev
+from minispec.quant.modules import QuantLinear
+
+
+def test_token_categories():
+    cases = {"    ": "whitespace", "\n": "whitespace", " def": "keyword", "self": "keyword", " foo_bar": "name",
+             "x1": "name", " 42": "literal", "'": "literal", '"abc': "literal", "(": "punctuation",
+             " ==": "punctuation", "):": "punctuation"}
+    for text, cat in cases.items():
+        assert ev.token_category(text) == cat, text
+
+
+def test_metric_suite_and_recovery():
+    cats = torch.tensor([0, 2, 3])  # token 0: name, 1: whitespace, 2: punctuation
+    targets = torch.tensor([0, 1, 2, 0])
+    ref = ev.Predictions(torch.tensor([0, 1, 2, 1]), torch.log(torch.tensor([0.5, 0.5, 0.5, 0.25])), targets)
+    q = ev.Predictions(torch.tensor([0, 2, 2, 1]), torch.log(torch.tensor([0.5, 0.25, 0.5, 0.25])), targets)
+    mr, mq = ev.metric_suite(ref, ref, cats), ev.metric_suite(q, ref, cats)
+    assert mr["accuracy"] == 0.75 and mr["agreement"] == 1.0
+    assert mq["accuracy"] == 0.5 and mq["agreement"] == 0.75 and mq["accuracy/whitespace"] == 0.0
+    assert mr["likelihood/name"] == pytest.approx((0.5 * 0.25) ** 0.5)
+    rec = ev.recovery(mq, mr)
+    assert rec["accuracy"] == pytest.approx(2 / 3) and rec["accuracy/punctuation"] == 1.0
+    assert "accuracy/whitespace" not in rec or rec["accuracy/whitespace"] == 0.0
+    assert ev.median_recovery(mq, mr) == pytest.approx(statistics.median(rec.values()))
+    with pytest.raises(ValueError, match="different tokens"):
+        ev.metric_suite(q, ev.Predictions(ref.argmax, ref.logprob, targets.flip(0)), cats)
+
+
+def test_length_prompts_end_before_eos_and_drift():
+    eos, bos = 1, 2
+    files = [torch.arange(10, 10 + n) for n in (300, 40, 250, 500)]
+    stream = torch.cat([torch.cat([torch.tensor([bos]), f, torch.tensor([eos])]) for f in files])
+    prompts = ev.length_prompts(stream, eos, bos, n=3, prompt_len=96)
+    for p in prompts:
+        assert len(p) == 96 and not ((p == eos) | (p == bos)).any()
+    with pytest.raises(ValueError, match="long enough"):
+        ev.length_prompts(stream, eos, bos, n=4, prompt_len=96)
+    assert ev.length_drift(torch.tensor([105, 105]), torch.tensor([100, 100])) == pytest.approx(0.05)
+
+
+@pytest.fixture(scope="module")
+def target_and_drafter():
+    target = tiny_gemma(layers=4, window=16, seed=0)
+    with torch.no_grad():
+        target.get_input_embeddings().weight.mul_(5.0)
+    torch.manual_seed(1)
+    cfg = DFlashConfig.for_target(target.config, [1, 2], 3, hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                  layer_types=["sliding_attention"], sliding_window=16, block_size=4)
+    return target, DFlashDraftModel.for_target(cfg, target)
+
+
+def test_quantized_drafter_and_target_tau(target_and_drafter):
+    target, drafter = target_and_drafter
+    prompts = [torch.randint(4, 4096, (12,), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    qd = ev.quantize_drafter(drafter)
+    assert isinstance(qd.fc, QuantLinear) and not isinstance(drafter.fc, QuantLinear)
+    assert not any(isinstance(m, QuantLinear) for m in target.modules())
+    assert qd._target is drafter._target  # the borrowed embedding and head are shared, not copied
+    r = ev.tau_of_quantized_drafter(target, drafter, prompts, max_new_tokens=12)
+    assert 1.0 <= r["tau_w4a16_drafter"] <= 4 and 1.0 <= r["tau_bf16_drafter"] <= 4
+    qt = quant.quantize(copy.deepcopy(target), quant.AGGRESSIVE)
+    r = ev.tau_with_quantized_target(target, qt, drafter, prompts, max_new_tokens=12)
+    assert 1.0 <= r["tau_quantized_target"] <= 4 and r["ratio"] == pytest.approx(
+        r["tau_quantized_target"] / r["tau_bf16_target"])
+    assert drafter._target[0] is target.get_input_embeddings()  # re-attached to the BF16 target
+
+
+def test_evaluate_models_report(target_and_drafter):
+    from transformers import AutoTokenizer
+
+    from minispec.targets.evalset import EvalSet
+    from minispec.targets.load import CHECKPOINTS
+
+    target, drafter = target_and_drafter
+    tok = AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer")
+    g = torch.Generator().manual_seed(3)
+    es = EvalSet([torch.randint(4, 4096, (20,), generator=g) for _ in range(3)],
+                 torch.randint(4, 4096, (3, 8), generator=g), ["a", "b", "c"])
+    q = quant.quantize(copy.deepcopy(target), quant.AGGRESSIVE)
+    lp = [torch.randint(4, 4096, (10,), generator=g) for _ in range(2)]
+    rep = ev.evaluate_models(target, {"q": q}, es, tok, n_prompts=3, length_prompts_=lp, max_new_tokens=6,
+                             drafter=ev.dflash_drafter_for(drafter), spec_prompts=lp)
+    assert rep["bf16"]["metrics"]["agreement"] == 1.0 and "tau" in rep["q"]["metrics"]
+    assert rep["q"]["median_recovery"] == pytest.approx(statistics.median(rep["q"]["recovery"].values()))
+    assert 0 < rep["q"]["metrics"]["agreement"] <= 1
+    rows = ev.recovery_table(rep)
+    assert rows[-2]["metric"] == "MEDIAN RECOVERY" and rows[-1]["metric"] == "reply length to EOS"

@@ -18,6 +18,7 @@ import minispec as ms
 from minispec.dflash.bench import bench_dflash
 from minispec.kl_bench import bench_kl
 from minispec.mtp.bench import bench_mtp
+from minispec.quant.bench import bench_nvfp4
 from minispec.ssm.bench import bench_replay
 
 
@@ -99,7 +100,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 BENCHES = {"ar": bench_ar, "spec": bench_spec, "kl": bench_kl, "dflash": bench_dflash, "replay": bench_replay,
-           "mtp": bench_mtp}
+           "mtp": bench_mtp, "nvfp4": bench_nvfp4}
 
 
 def main(argv: list[str] | None = None) -> None:

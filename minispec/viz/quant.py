@@ -119,3 +119,17 @@ def qad_curve(history, ax=None, window: int = 10, **baselines):
     for i, (name, value) in enumerate(baselines.items()):
         ax.axhline(value, color=PALETTE[(i + 1) % len(PALETTE)], ls="--", label=name)
     return _finish(ax, "QAD: KL(teacher ‖ student)", "step", "KL (nats / token)")
+
+
+def markdown_table(rows: list[dict]):
+    """Rows of dicts as a Markdown table (an IPython Markdown object in a notebook, else the string)."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    text = "\n".join(lines)
+    try:
+        from IPython.display import Markdown
+
+        return Markdown(text)
+    except ImportError:
+        return text

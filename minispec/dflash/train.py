@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--target", default="bolt-mini", choices=sorted(CONFIGS))
     p.add_argument("--out", type=Path, help="output folder (default: minispec/checkpoints/<target>-dflash)")
     p.add_argument("--work-dir", type=Path, help="where resumable train state lives")
+    p.add_argument("--init-from", type=Path, help="start from this saved drafter's weights (a second stage)")
     for field, default in asdict(Settings()).items():
         p.add_argument("--" + field.replace("_", "-"), type=type(default), help=f"default: per target ({default})")
     a = p.parse_args(argv)
@@ -223,11 +224,16 @@ def main(argv: list[str] | None = None) -> None:
     target, tok = load_target(a.target)
     torch.manual_seed(s.seed)
     drafter = DFlashDraftModel.for_target(CONFIGS[a.target](), target)
+    previous = None
+    if a.init_from is not None:
+        start = DFlashDraftModel.from_pretrained(a.init_from)
+        drafter.load_state_dict({k: v.to(drafter.dtype) for k, v in start.state_dict().items()})
+        previous = json.loads((a.init_from / "training.json").read_text())
     history = train(drafter, target, training_replies(target, tok, s), s, work_dir)
     val = generate_replies(target, tok, s.eval_replies, s.prompt_len, s.reply_len, 0.0, split="val", seed=s.seed)
     metrics = evaluate(drafter, target, val, s)
     out.mkdir(parents=True, exist_ok=True)
-    drafter.save_pretrained(out)
+    drafter.to(torch.bfloat16).save_pretrained(out)  # bf16 on disk, like every shipped checkpoint
     recent = history[-100:]
     record = {
         "command": "python -m minispec.dflash.train " + shlex.join(sys.argv[1:] if argv is None else argv),
@@ -244,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         "val_data": f"{len(val)} greedy replies of {s.reply_len} tokens to {s.prompt_len}-token val-split prompts",
         "loss_history_every_10": [h["loss"] for h in history[::10]],
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "previous_stage": previous,  # the run this one started from (--init-from), or None
     }
     (out / "training.json").write_text(json.dumps(record, indent=1))
     print(f"val loss {metrics['loss']:.4f}  weighted accuracy {metrics['accuracy']:.4f}  -> {out}")

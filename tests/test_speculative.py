@@ -117,7 +117,7 @@ def bolt64():
     return ms.load_target("bolt-mini", dtype=torch.float64)[0]
 
 
-@pytest.mark.parametrize("drafter_name", ["ngram", "bolt-nano"])
+@pytest.mark.parametrize("drafter_name", ["ngram", "bolt-nano", "bolt-mini-dflash"])
 def test_greedy_equals_ar_on_eval_prompts(bolt64, drafter_name):
     prompts = ms.load_evalset().prompts
     taus = []

@@ -89,3 +89,11 @@ def test_param_budget_shares():
     widths = [p.get_width() for p in fig.axes[0].patches]
     assert sum(widths) == pytest.approx(1.0)
     assert widths[-1] == pytest.approx(0.651, abs=0.001)  # E4B's own head
+
+
+def test_argmax_ceiling(target):
+    from minispec.dflash.bench import argmax_ceiling
+    ps = prompts(2)
+    assert argmax_ceiling(target, ps, 6, temperature=0.0, K=5, starts=2) == pytest.approx(6.0)
+    # A random tiny model is nearly uniform over 4,096 tokens: at T = 1 nothing gets accepted.
+    assert 1.0 <= argmax_ceiling(target, ps, 6, temperature=1.0, K=5, starts=2) < 1.05

@@ -14,6 +14,7 @@ import torch
 
 import minispec as ms
 from minispec import costs
+from minispec.spec import sampling as smp
 from minispec.spec.stats import SpecStats
 
 
@@ -53,6 +54,32 @@ def acceptance(target, drafter, prompts, max_new_tokens: int, temperature: float
                                       temperature=temperature, generator=generator)
         stats.cycles.extend(out.stats.cycles)
     return stats
+
+
+@torch.no_grad()
+def argmax_ceiling(target, prompts, max_new_tokens: int, temperature: float, K: int = 7, starts: int = 4,
+                   seed: int = 0) -> float:
+    """The best tau any argmax drafter can reach here: it drafts the target's own greedy continuation.
+
+    Along the target's own generation at `temperature`, from `starts` positions per prompt: the perfect
+    argmax drafter proposes d_1 .. d_K = the target's greedy continuation, and one-hot rejection accepts
+    d_k with probability p_T(d_k | context, d_<k), so E[tau] = 1 + sum_k prod_{j<=k} p_T(d_j). At T = 0
+    this is K + 1; at T > 0 it is bounded by how peaked the target's distribution is, whatever the drafter.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    taus = []
+    for prompt in prompts:
+        prompt = torch.as_tensor(prompt)
+        out = ms.autoregressive_generate(target, prompt, max_new_tokens, temperature=temperature,
+                                         generator=generator)
+        text = torch.cat([prompt, out.tokens[0, : int(out.lengths[0])]])
+        for start in torch.linspace(len(prompt), len(text) - 1, starts).long().tolist():
+            context = text[:start]
+            drafts = ms.autoregressive_generate(target, context, K).tokens[0]
+            logits = target(input_ids=torch.cat([context, drafts])[None]).logits[0, start - 1: start - 1 + len(drafts)]
+            p = smp.sampling_probs(logits.float(), temperature).gather(-1, drafts[:, None]).squeeze(-1)
+            taus.append(1.0 + float(p.cumprod(0).sum()))
+    return sum(taus) / len(taus)
 
 
 def side_by_side(target, drafter, prompts, max_new_tokens: int, temperature: float, seed: int = 0) -> dict:
@@ -98,8 +125,10 @@ def bench_dflash(args) -> list[dict]:
     rows = []
     for temperature in args.temperatures:
         stats = acceptance(model, drafter, chosen, args.max_new_tokens, temperature)
+        ceiling = argmax_ceiling(model, chosen[:: max(1, len(chosen) // 32)], args.max_new_tokens, temperature,
+                                 K=drafter.num_draft_tokens)
         row = {"drafter": args.drafter, "eval_prompts": len(chosen), "temperature": temperature,
-               "eval_tau": round(stats.tau, 3)}
+               "eval_tau": round(stats.tau, 3), "argmax_ceiling_tau": round(ceiling, 3)}
         row.update({f"acc_{k + 1}": round(float(a), 3) for k, a in enumerate(stats.per_position)})
         timing = side_by_side(model, drafter, prompts[: args.prompts], args.max_new_tokens, temperature)
         row.update({k: v for k, v in timing.items() if k != "temperature"})

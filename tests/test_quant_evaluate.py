@@ -51,6 +51,19 @@ def test_length_prompts_end_before_eos_and_drift():
     assert ev.length_drift(torch.tensor([105, 105]), torch.tensor([100, 100])) == pytest.approx(0.05)
 
 
+def test_reply_lengths_stop_at_eos_or_a_stop_token():
+    import minispec as ms
+
+    model = tiny_gemma(layers=2, seed=4)
+    prompts = torch.randint(4, 4096, (2, 6), generator=torch.Generator().manual_seed(0))
+    tokens = ms.autoregressive_generate(model, prompts, 12).tokens
+    assert ev.reply_lengths(model, prompts, 12).tolist() == [12, 12]  # a random model never says EOS
+    stop = int(tokens[0, 4])
+    first = [next((i + 1 for i, t in enumerate(row.tolist()) if t == stop), 12) for row in tokens]
+    assert ev.reply_lengths(model, prompts, 12, stop_ids=[1, stop]).tolist() == first
+    assert first[0] <= 5
+
+
 @pytest.fixture(scope="module")
 def target_and_drafter():
     target = tiny_gemma(layers=4, window=16, seed=0)
@@ -98,4 +111,4 @@ def test_evaluate_models_report(target_and_drafter):
     assert rep["q"]["median_recovery"] == pytest.approx(statistics.median(rep["q"]["recovery"].values()))
     assert 0 < rep["q"]["metrics"]["agreement"] <= 1
     rows = ev.recovery_table(rep)
-    assert rows[-2]["metric"] == "MEDIAN RECOVERY" and rows[-1]["metric"] == "reply length to EOS"
+    assert rows[-2]["metric"] == "MEDIAN RECOVERY" and rows[-1]["metric"] == "reply length"

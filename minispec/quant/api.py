@@ -34,6 +34,9 @@ RECIPE_KEYS = {"name", "algorithm", "scales", "rules", "note"}
 # Everything NVFP4, including the output head and attention: the recipe QAD has to rescue.
 AGGRESSIVE = {"name": "aggressive", "algorithm": "max", "scales": "static", "rules": [["*", "w4a16"]],
               "note": "every linear layer NVFP4 W4A16, including attention and the (tied) output head"}
+# The same with NVFP4 activations too (W4A4, dynamic activation block scales, calibrated per-tensor amax).
+AGGRESSIVE_W4A4 = {"name": "aggressive-w4a4", "algorithm": "max", "scales": "static", "rules": [["*", "w4a4"]],
+                   "note": "every linear layer NVFP4 W4A4, including attention and the (tied) output head"}
 # Lightning's published component map, transposed onto a dense transformer (research §6): MLPs and the
 # head NVFP4 W4A16 with four-over-six weights, attention projections BF16.
 LIGHTNING_LIKE = {"name": "lightning-like", "algorithm": "four_over_six", "scales": "static",

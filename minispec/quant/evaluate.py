@@ -12,8 +12,10 @@ Metrics on the frozen eval set (held-out code, teacher-forced, research §7), al
 
     recovery_k = metric_k(quantized) / metric_k(BF16);   median score recovery = median_k recovery_k
 
-Reply-length drift = mean greedy reply length to EOS (capped) of the quantized model / BF16's − 1; the
-seeds cap it at +5 %. Replies start near the end of held-out files so that EOS is the natural end.
+Reply-length drift = mean greedy reply length (capped) of the quantized model / BF16's − 1; the seeds cap
+it at +5 %. The seeds' replies end at EOS; bolt-mini's greedy continuations of held-out files rarely reach
+EOS within the cap, so a reply here ends at EOS or at the first blank line (`reply_stop_ids`), the end of
+a block of code. Replies start near the end of held-out files.
 """
 from __future__ import annotations
 
@@ -115,11 +117,23 @@ def length_prompts(stream: torch.Tensor, eos_id: int, bos_id: int, n: int = 16, 
     return prompts
 
 
-def reply_lengths(model, prompts, max_new_tokens: int = 160) -> torch.Tensor:
-    """[n] greedy reply lengths to EOS (EOS included; `max_new_tokens` where no EOS came)."""
+def reply_stop_ids(tokenizer) -> list[int]:
+    """EOS and every token that contains a blank line ("\n\n"): where a code reply naturally ends."""
+    return [tokenizer.eos_token_id] + [i for i in range(len(tokenizer)) if "\n\n" in tokenizer.decode([i])]
+
+
+def reply_lengths(model, prompts, max_new_tokens: int = 160, stop_ids=None) -> torch.Tensor:
+    """[n] greedy reply lengths (the stop token included; `max_new_tokens` where none came).
+
+    stop_ids: the tokens that end a reply; by default only the model's EOS."""
     from minispec.spec.autoregressive import autoregressive_generate
 
-    return autoregressive_generate(model, prompts, max_new_tokens).lengths
+    out = autoregressive_generate(model, prompts, max_new_tokens)
+    if stop_ids is None:
+        return out.lengths
+    live = torch.arange(out.tokens.shape[1])[None, :] < out.lengths[:, None]
+    stop = torch.isin(out.tokens, torch.tensor(stop_ids, device=out.tokens.device)) & live
+    return torch.where(stop.any(1), stop.float().argmax(1) + 1, out.lengths)
 
 
 def length_drift(quant_lengths: torch.Tensor, bf16_lengths: torch.Tensor) -> float:
@@ -192,7 +206,7 @@ def tau_of_quantized_drafter(target, drafter_model, prompts, recipe: dict | None
 # --- the whole report -----------------------------------------------------------------------------
 
 def evaluate_models(teacher, models: dict, evalset, tokenizer, n_prompts: int = 48, length_prompts_=None,
-                    max_new_tokens: int = 160, drafter=None, spec_prompts=None) -> dict:
+                    max_new_tokens: int = 160, drafter=None, spec_prompts=None, stop_ids=None) -> dict:
     """Metrics of the BF16 teacher and of each quantized model in `models` (name -> model), their
     recoveries and median recovery, and (if length prompts are given) the reply-length drift; with a
     drafter (callable target -> Drafter), τ as one more metric of the suite."""
@@ -202,7 +216,7 @@ def evaluate_models(teacher, models: dict, evalset, tokenizer, n_prompts: int = 
     spec_prompts = spec_prompts if spec_prompts is not None else [p[-64:] for p in evalset.prompts[:4]]
     if drafter is not None:
         bf16["tau"] = speculative_tau(teacher, drafter, spec_prompts)
-    bf16_lengths = reply_lengths(teacher, length_prompts_, max_new_tokens) if length_prompts_ else None
+    bf16_lengths = reply_lengths(teacher, length_prompts_, max_new_tokens, stop_ids) if length_prompts_ else None
     report = {"bf16": {"metrics": bf16}}
     if bf16_lengths is not None:
         report["bf16"]["mean_reply_length"] = bf16_lengths.float().mean().item()
@@ -212,7 +226,7 @@ def evaluate_models(teacher, models: dict, evalset, tokenizer, n_prompts: int = 
             metrics["tau"] = speculative_tau(model, drafter, spec_prompts)
         row = {"metrics": metrics, "recovery": recovery(metrics, bf16), "median_recovery": median_recovery(metrics, bf16)}
         if bf16_lengths is not None:
-            lengths = reply_lengths(model, length_prompts_, max_new_tokens)
+            lengths = reply_lengths(model, length_prompts_, max_new_tokens, stop_ids)
             row["mean_reply_length"] = lengths.float().mean().item()
             row["length_drift"] = length_drift(lengths, bf16_lengths)
             row["length_drift_ok"] = row["length_drift"] <= LENGTH_DRIFT_CAP
@@ -225,7 +239,7 @@ def evaluate_models(teacher, models: dict, evalset, tokenizer, n_prompts: int = 
 
 
 def recovery_table(report: dict) -> list[dict]:
-    """Rows metric | BF16 | <model> (recovery %) ... for printing or a DataFrame."""
+    """Rows metric | BF16 | <model> (recovery %) ... for printing or a Markdown table."""
     names = [k for k in report if k != "bf16"]
     rows = []
     for metric, value in report["bf16"]["metrics"].items():
@@ -237,7 +251,7 @@ def recovery_table(report: dict) -> list[dict]:
     rows.append({"metric": "MEDIAN RECOVERY", "bf16": "100%",
                  **{n: f"{100 * report[n]['median_recovery']:.2f}%" for n in names}})
     if "mean_reply_length" in report["bf16"]:
-        rows.append({"metric": "reply length to EOS", "bf16": round(report["bf16"]["mean_reply_length"], 1),
+        rows.append({"metric": "reply length", "bf16": round(report["bf16"]["mean_reply_length"], 1),
                      **{n: f"{report[n]['mean_reply_length']:.1f} ({100 * report[n]['length_drift']:+.1f}%)"
                         for n in names}})
     return rows

@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from minispec.kl import kl_divergence
-from minispec.quant.api import AGGRESSIVE, LIGHTNING_LIKE, check_recipe, load_recipe, quantize
+from minispec.quant.api import AGGRESSIVE, AGGRESSIVE_W4A4, LIGHTNING_LIKE, check_recipe, load_recipe, quantize
 from minispec.targets.train import Settings as _TargetSettings
 from minispec.targets.train import lr_at
 
@@ -137,7 +137,7 @@ def corpus_batches(tokenizer, s: Settings, split: str = "train"):
     return lambda step: data.random_windows(stream, s.batch, s.seq_len, s.seed, step)
 
 
-RECIPES = {"aggressive": AGGRESSIVE, "lightning-like": LIGHTNING_LIKE}
+RECIPES = {"aggressive": AGGRESSIVE, "aggressive-w4a4": AGGRESSIVE_W4A4, "lightning-like": LIGHTNING_LIKE}
 
 
 def main(argv: list[str] | None = None) -> None:

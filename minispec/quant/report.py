@@ -15,7 +15,7 @@ import torch
 
 from minispec.quant import evaluate as ev
 from minispec.quant import sensitivity as sens
-from minispec.quant.api import AGGRESSIVE, quantize, storage_report
+from minispec.quant.api import AGGRESSIVE, AGGRESSIVE_W4A4, storage_report
 from minispec.quant.qad import make_student
 
 
@@ -32,7 +32,10 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m minispec.quant.report")
     p.add_argument("--target", default="bolt-mini")
-    p.add_argument("--qad-dir", type=Path, default=Path("runs/qad"), help="where `minispec.quant.qad` wrote student.pt")
+    p.add_argument("--qad-dir", type=Path, default=Path("runs/qad"),
+                   help="where `minispec.quant.qad --recipe aggressive` wrote student.pt")
+    p.add_argument("--qad-w4a4-dir", type=Path, default=Path("runs/qad-w4a4"),
+                   help="where `minispec.quant.qad --recipe aggressive-w4a4` wrote student.pt")
     p.add_argument("--bits", type=float, default=6.0, help="conservative recipe: effective-bits budget")
     p.add_argument("--prompts", type=int, default=48, help="eval prompts for the teacher-forced metrics")
     p.add_argument("--length-prompts", type=int, default=16)
@@ -45,14 +48,16 @@ def main(argv: list[str] | None = None) -> None:
     ranked = sens.ranking(scores)
     total = sum(s for _, s in ranked)
     conservative = sens.conservative_recipe(teacher, scores, a.bits)
-    models = {"ptq-aggressive": make_student(teacher, AGGRESSIVE).eval()}
-    qad_path = a.qad_dir / "student.pt"
-    if qad_path.exists():
-        student = make_student(teacher, AGGRESSIVE)
-        student.load_state_dict(torch.load(qad_path))
-        models["qad-aggressive"] = student.eval()
     calib = data.random_windows(data.token_stream("train", tok), 8, 64, 0, -1)  # as minispec.quant.qad calibrates
-    models["ptq-conservative"] = make_student(teacher, conservative, lambda m: m(input_ids=calib)).eval()
+    loop = lambda m: m(input_ids=calib)  # noqa: E731
+    models = {}
+    for name, recipe, folder in (("aggressive", AGGRESSIVE, a.qad_dir), ("aggressive-w4a4", AGGRESSIVE_W4A4, a.qad_w4a4_dir)):
+        models[f"ptq-{name}"] = make_student(teacher, recipe, loop).eval()
+        if (folder / "student.pt").exists():
+            student = make_student(teacher, recipe, loop)
+            student.load_state_dict(torch.load(folder / "student.pt"))
+            models[f"qad-{name}"] = student.eval()
+    models["ptq-conservative"] = make_student(teacher, conservative, loop).eval()
     stream = data.token_stream("test", tok)
     lp = ev.length_prompts(stream, tok.eos_token_id, tok.bos_token_id, a.length_prompts)
     drafter_model = None
@@ -61,14 +66,15 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as e:
         print(f"no DFlash drafter: {e}")
     make = ev.dflash_drafter_for(drafter_model) if drafter_model is not None else None
-    report = ev.evaluate_models(teacher, models, ms.load_evalset(), tok, a.prompts, lp, drafter=make)
+    spec_prompts = [p[-64:] for p in ms.load_evalset().prompts[:8]]
+    report = ev.evaluate_models(teacher, models, ms.load_evalset(), tok, a.prompts, lp, max_new_tokens=128,
+                                drafter=make, spec_prompts=spec_prompts, stop_ids=ev.reply_stop_ids(tok))
     out = {"command": "python -m minispec.quant.report " + " ".join(argv or []),
            "sensitivity_top10": ranked[:10], "head_share_of_w4a16_score": scores["lm_head"]["w4a16"] / total,
            "conservative_recipe": conservative,
-           "storage": {n: storage_report(m) for n, m in models.items() if n != "qad-aggressive"},
+           "storage": {n: storage_report(m) for n, m in models.items() if n.startswith("ptq")},
            "evaluation": report, "table": ev.recovery_table(report)}
     if drafter_model is not None:
-        spec_prompts = [p[-64:] for p in ms.load_evalset().prompts[:8]]
         out["tau_quantized_target"] = ev.tau_with_quantized_target(teacher, models["ptq-aggressive"], drafter_model,
                                                                    spec_prompts)
         out["tau_w4a16_drafter"] = ev.tau_of_quantized_drafter(teacher, drafter_model, spec_prompts)

@@ -159,6 +159,7 @@ class QuantLinear(nn.Module):
         """Set the weight scales from the weight: "max", "mse" (NVFP4 multiplier search) or "four_over_six"."""
         w = self.weight.detach().float()
         check_finite(w, "the weight")
+        self._cache = None  # new scales: a cached Ŵ is stale
         amax = w.abs().amax()
         if self.format == "fp8":
             self.weight_global_scale = fp8_scale(amax)

@@ -13,14 +13,15 @@ at slot j-k+1 >= 0), both tokens exist, and `loss_mask` marks position j+1 (e.g.
 Hidden-state mixing (Megatron-LM's `mtp_hsm`): at depth k each slot draws its input uniformly from the
 k candidates that all stand in for h_j: the backbone's h_j and the outputs of depths 1..k-1 at slot
 j-1 (rolled by one so every candidate predicts the same token). A candidate from before the first slot,
-or from a padding slot, does not exist; that slot falls back to the backbone's h_j (in this indexing the
-backbone's entry is the one always present; Megatron, indexing by the depth's own position, falls back
-to the newest entry, which is the same pairing seen from the other end). The draws come from the
+or from a padding slot, does not exist; that slot falls back to the backbone's h_j, the entry that is
+always present here. (Megatron-LM indexes each depth by its own position, rolls the *older* entries
+instead and falls back to the newest where a rolled one is zero; either way the fallback only touches
+slots the loss does not count, j < k-1, or slots right after padding.) The draws come from the
 caller's generator, so a run is reproducible. Without mixing, depth k always takes depth k-1's output,
 exactly what the head sees when it drafts.
 
 1 − TV(p, q) = Σ_v min(p_v, q_v) is the probability that a draft sampled from q is accepted against p
-(research notes §0.3): the number acceptance pays for, reported per depth beside the KL.
+(research notes §0, item 3): the number acceptance pays for, reported per depth beside the KL.
 """
 from __future__ import annotations
 

@@ -127,7 +127,8 @@ class MTPAttention(nn.Module):
         k = self.k_proj(x).view(B, T, self.num_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.num_kv, self.head_dim).transpose(1, 2)
         if cache is None:
-            key_valid, key_slot, query_slot = valid, torch.arange(T, device=x.device).expand(B, T), None
+            key_valid = valid
+            key_slot = query_slot = torch.arange(T, device=x.device).expand(B, T)
         else:
             if layer not in cache.keys:
                 shape = (B, self.num_kv, cache.capacity, self.head_dim)
@@ -139,10 +140,9 @@ class MTPAttention(nn.Module):
             key_valid = cache.valid
             key_slot = torch.arange(cache.capacity, device=x.device).expand(B, -1)
             query_slot = slots
-        if query_slot is None:
-            query_slot = key_slot
         visible = key_valid[:, None, :] & (key_slot[:, None, :] <= query_slot[:, :, None])  # [B, T, L]
-        # A padding query sees nothing; give it its own slot so softmax stays finite (its output is unused).
+        # A padding query would see nothing; let it see its own slot so softmax stays finite (its output is
+        # unused). Slots past a query's own may hold stale drafts of an earlier propose: never visible.
         visible = visible | (key_slot[:, None, :] == query_slot[:, :, None])
         rep = self.num_heads // self.num_kv
         out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),

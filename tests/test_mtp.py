@@ -192,3 +192,18 @@ def test_bench_rows_on_a_tiny_hybrid():
                       temperatures=(0.0, 1.0))
     assert [r["method"] for r in rows] == ["autoregressive", "MTP speculative", "MTP speculative"]
     assert rows[1]["equal_to_ar"] is True and rows[1]["tau"] >= 1.0 and len(rows[1]["per_position"].split()) == 2
+
+
+def test_attention_plus_moe_block_as_nemotron_3_5():
+    model = tiny_hybrid()
+    head = random_head(model, pattern="*E", moe_intermediate_size=64, moe_shared_expert_intermediate_size=64)
+    assert [k for k in head.state_dict(prefix="mtp.") if ".layers.1." in k] == [
+        "mtp.layers.1.norm.weight", "mtp.layers.1.mixer.gate.weight", "mtp.layers.1.mixer.gate.e_score_correction_bias",
+        "mtp.layers.1.mixer.experts.up_proj", "mtp.layers.1.mixer.experts.down_proj",
+        "mtp.layers.1.mixer.shared_experts.up_proj.weight", "mtp.layers.1.mixer.shared_experts.down_proj.weight",
+        "mtp.layers.1.final_layernorm.weight"]
+    prompt = torch.tensor([[5, 6, 7, 8, 9]])
+    out = ms.speculative_generate(model, MTPDrafter(head, model, num_draft_tokens=2), prompt, 12)
+    assert torch.equal(out.tokens, model.generate(prompt, 12))
+    boost_loss(head, Backbone.of(model), torch.randint(3, 512, (2, 10)), depths=2).loss.backward()
+    assert head.layers[1].mixer.experts.up_proj.grad.abs().sum() > 0  # experts start non-zero, so they train

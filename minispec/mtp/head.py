@@ -3,7 +3,8 @@
 One call (a "depth") reads a hidden state h [B, T, H] and the embedding of the token that follows it:
 
     x   = eh_proj( concat( enorm(embed(next_token)), hnorm(h) ) )      2H -> H, no bias
-    x   = x + mixer_l(norm_l(x))      for each layer l of the block (pattern "*-": attention, then MLP)
+    x   = x + mixer_l(norm_l(x))      for each layer l of the block (pattern "*-": attention, then MLP;
+                                      Nemotron 3.5's head is "*E": attention, then MoE)
     out = final_layernorm(x)                                             [B, T, H]
     logits = backbone's output head(out)                                 (shared, not the head's own)
 
@@ -28,14 +29,17 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minispec.ssm.hybrid import MLP, RMSNorm
+from minispec.ssm.hybrid import MLP, MoE, RMSNorm
 
-MIXERS = {"*": "attention", "-": "mlp"}
+MIXERS = {"*": "attention", "-": "mlp", "E": "moe"}
+MOE_FIELDS = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
+              "routed_scaling_factor", "norm_topk_prob")
 
 
 @dataclass
@@ -46,13 +50,20 @@ class MTPConfig:
     num_key_value_heads: int = 2
     head_dim: int = 32
     intermediate_size: int = 256
-    pattern: str = "*-"  # the block's layers, Nemotron-H letters: * attention, - MLP
+    pattern: str = "*-"  # the block's layers, Nemotron-H letters: * attention, - MLP, E MoE
     layer_norm_epsilon: float = 1e-5
+    # E layers: routed experts (sigmoid scores, top-k) + one shared expert, as Nemotron-H's MoE
+    n_routed_experts: int = 4
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128
+    moe_shared_expert_intermediate_size: int = 128
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
 
     def __post_init__(self):
         if not self.pattern or any(c not in MIXERS for c in self.pattern):
             raise ValueError(f"MTP pattern {self.pattern!r}: use the letters {''.join(MIXERS)} "
-                             "(* attention, - MLP), at least one layer")
+                             "(* attention, - MLP, E MoE), at least one layer")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple of "
                              f"num_key_value_heads {self.num_key_value_heads}")
@@ -67,6 +78,7 @@ class MTPConfig:
                       head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
                       intermediate_size=getattr(c, "intermediate_size", None) or 4 * c.hidden_size,
                       layer_norm_epsilon=getattr(c, "layer_norm_epsilon", None) or getattr(c, "rms_norm_eps", 1e-5))
+        fields.update({f: getattr(c, f) for f in MOE_FIELDS if getattr(c, f, None) is not None})
         fields.update(overrides)
         return cls(**fields)
 
@@ -161,9 +173,24 @@ class MTPLayer(nn.Module):
             self.hnorm = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
             self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.norm = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
-        self.mixer = MTPAttention(cfg) if self.kind == "attention" else MLP(cfg.hidden_size, cfg.intermediate_size)
+        if self.kind == "attention":
+            self.mixer = MTPAttention(cfg)
+        elif self.kind == "mlp":
+            self.mixer = MLP(cfg.hidden_size, cfg.intermediate_size)
+        else:
+            self.mixer = _moe(cfg)
         if last:
             self.final_layernorm = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
+
+
+def _moe(cfg: MTPConfig) -> MoE:
+    """Nemotron-H's MoE (minispec.ssm.hybrid, same parameter names), its expert weights initialised here:
+    HybridLM leaves them at zero for a checkpoint to fill, and all-zero experts never get a gradient."""
+    moe = MoE(SimpleNamespace(hidden_size=cfg.hidden_size, n_group=1, moe_latent_size=None,
+                              **{f: getattr(cfg, f) for f in MOE_FIELDS}))
+    for w in (moe.gate.weight, moe.experts.up_proj, moe.experts.down_proj):
+        nn.init.normal_(w, std=0.02)
+    return moe
 
 
 class MTPHead(nn.Module):

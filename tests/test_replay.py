@@ -199,3 +199,20 @@ def test_replay_writes_at_least_4x_fewer_state_bytes_at_T4():
         costs.spec_state_traffic(costs.SUPER_MAMBA2, 17, 3, "replay")
     with pytest.raises(ValueError, match="cannot exceed"):
         costs.spec_state_traffic(costs.SUPER_MAMBA2, 4, 5, "replay")
+
+
+def test_step_log_and_timeline():
+    from minispec.viz.replay import replay_timeline, step_log
+    m = mixer(torch.float32)
+    stores = [CheckpointReplay(m, m.init_state(1), capacity=8), PerPositionStates(m, m.init_state(1))]
+    for s in stores:
+        for n in (2, 4, 1, 3):  # windows of 4: fills 2, 6, then 6 + 4 > 8 forces a flush before step 3
+            s.verify(torch.randn(1, 4, CFG.hidden_size))
+            s.commit(n)
+    rows, naive = step_log(stores[0]), step_log(stores[1])
+    assert [r["fill_before"] for r in rows] == [0, 2, 0, 1] and [r["flushed"] for r in rows] == [0, 0, 1, 0]
+    assert [r["rejected"] for r in rows] == [2, 0, 3, 1]
+    assert rows[2]["written"] > rows[1]["written"]  # the flush writes the checkpoint
+    assert all(r["written"] == 4 * m.init_state(1).nbytes() for r in naive)  # T states every step
+    fig = replay_timeline(rows, naive, capacity=8)
+    assert len(fig.axes) == 2

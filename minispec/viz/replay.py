@@ -51,11 +51,12 @@ def replay_timeline(replay_rows: list[dict], naive_rows: list[dict], capacity: i
     top.set_title(title or f"checkpoint + replay, ring of {capacity}")
     top.legend(frameon=False, fontsize=8, ncols=2, loc="upper left")
     top.set_ylim(0, capacity * 1.6)
-    bottom.plot([r["step"] for r in naive_rows], [r["written"] for r in naive_rows], "o-", ms=3,
+    bottom.plot([r["step"] for r in naive_rows], [r["written"] / 1024 for r in naive_rows], "o-", ms=3,
                 color=PALETTE[1], label="per-position states")
-    bottom.plot(steps, [r["written"] for r in replay_rows], "o-", ms=3, color=PALETTE[0], label="checkpoint + replay")
+    bottom.plot(steps, [r["written"] / 1024 for r in replay_rows], "o-", ms=3, color=PALETTE[0],
+                label="checkpoint + replay")
     bottom.set_yscale("log")
-    bottom.set_ylabel("state bytes written")
+    bottom.set_ylabel("state KiB written (log)")
     bottom.set_xlabel("verify step")
     bottom.legend(frameon=False, fontsize=8)
     for ax in (top, bottom):

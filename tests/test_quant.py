@@ -101,8 +101,8 @@ def test_storage_is_measured_from_packed_tensors(model):
     assert r["tensor_scales"] == 4 * len(lin)
     # BF16 exceptions: the embedding (its tied head is stored again, packed), norms
     others = sum(p.numel() for n, p in m.named_parameters() if not any(n.startswith(k + ".") for k in lin))
-    assert r["bf16"] == 2 * others + 2 * sum(b.numel() for n, b in m.named_buffers()
-                                              if n in m.state_dict() and not any(n.startswith(k + ".") for k in lin))
+    assert r["bf16"] == 2 * others + sum(b.numel() * b.element_size() for n, b in m.named_buffers()
+                                         if n in m.state_dict() and not any(n.startswith(k + ".") for k in lin))
     assert r["bits_per_param"] == pytest.approx(8 * r["total_bytes"] / r["params"])
     packed = quant.packed_state(m)
     assert packed["lm_head.weight"].dtype == torch.uint8 and packed["lm_head.weight_scale"].dtype == torch.float8_e4m3fn

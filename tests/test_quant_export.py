@@ -61,7 +61,7 @@ def test_round_trip(model, recipe, tmp_path):
     ids = torch.randint(4, 4096, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want, got = q(input_ids=ids).logits, back(input_ids=ids).logits
-    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
 
 
 def test_load_refuses_plain_and_unknown(model, tmp_path):

@@ -165,13 +165,16 @@ def packed_state(model: nn.Module) -> dict[str, torch.Tensor]:
     seen, persistent = set(), set(model.state_dict())
     skip = {f"{n}.{k}" for n in quantized for k in ("weight", "bias", "weight_global_scale",
                                                    "weight_block_scale", "input_amax")}
-    for name, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers()):
+    params = model.named_parameters(remove_duplicate=False)
+    for name, t, is_param in [(n, t, True) for n, t in params] + [(n, t, False) for n, t in model.named_buffers()]:
         if name in skip or name in out or name not in persistent:
             continue
         if t.data_ptr() in seen and t.numel():
             continue
         seen.add(t.data_ptr())
-        out[name] = t.detach().to(torch.bfloat16) if t.is_floating_point() else t.detach()
+        # Weights go to BF16; buffers (Gemma's embed_scale = √H, per-layer scalars) keep their dtype: they are
+        # a few numbers, and √192 in BF16 would shift every embedding by 0.1 %.
+        out[name] = t.detach().to(torch.bfloat16) if is_param and t.is_floating_point() else t.detach()
     return out
 
 

@@ -96,7 +96,7 @@ def load_quantized(folder, dtype: torch.dtype = torch.float32):
     if qcfg is None:
         raise ValueError(f"{folder}/config.json has no quantization_config: not a quantized checkpoint")
     config = AutoConfig.for_model(**raw)
-    model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     state = load_file(folder / "model.safetensors")
     formats = layer_formats(qcfg, list(linear_layers(model)))
     for name, fmt in formats.items():

@@ -109,6 +109,24 @@ def test_stand_in_gap_is_zero_at_depth_one_only(setup):
     assert (gap["relative_error"][1:] > 0.05).all() and (gap["cosine"][1:] < 0.999).all()
 
 
+def test_loss_and_gradient_through_the_fused_kl_kernel(setup, monkeypatch):
+    fused_kl = pytest.importorskip("minispec.kernels.fused_kl")
+    _, head, backbone, ids = setup
+    calls = []
+    real = fused_kl._FusedKL.apply
+    monkeypatch.setattr(fused_kl._FusedKL, "apply", lambda *a: calls.append(1) or real(*a))
+    grads = []
+    for name in ("torch", "triton"):  # triton: the Triton interpreter on CPU (conftest sets it up)
+        monkeypatch.setenv("MINISPEC_BACKEND", name)
+        res = boost_loss(head, backbone, ids[:, :8], depths=2)
+        res.loss.backward()
+        grads.append((res.loss.detach(), head.layers[0].eh_proj.weight.grad.clone()))
+        head.zero_grad()
+    assert len(calls) == 2  # one kernel call per depth, in the triton pass only
+    torch.testing.assert_close(grads[1][0], grads[0][0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grads[1][1], grads[0][1], atol=1e-8, rtol=1e-4)
+
+
 def test_frozen_backbone_guard(setup):
     model, *_ = setup
     guard = FrozenBackbone(model)

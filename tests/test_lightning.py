@@ -120,3 +120,15 @@ def test_speculative_refuses_a_batch(shipped):
     prompts = ms.load_evalset().prompts[:2]
     with pytest.raises(ValueError, match="one unpadded sequence"):
         ms.speculative_generate(model, ms.load_drafter("ngram", model), prompts, 8)
+
+
+def test_from_pretrained_reads_the_hub_layout(shipped):
+    from safetensors import safe_open
+
+    from minispec.targets.load import resolve
+    with safe_open(resolve("lightning-mini") / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert "backbone.layers.1.mixer.experts.3.up_proj.weight" in keys  # NVIDIA's on-disk names
+    _, model, _ = shipped
+    loaded = HybridLM.from_pretrained("lightning-mini")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))

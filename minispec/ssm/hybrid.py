@@ -243,16 +243,15 @@ class HybridLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, dtype: torch.dtype = torch.float32) -> "HybridLM":
-        """A shipped name ("lightning-mini") or a Nemotron-H folder (config.json + model.safetensors)."""
-        from safetensors.torch import load_file
-        from transformers import NemotronHConfig
+        """A shipped name ("lightning-mini") or a Nemotron-H folder.
+
+        The folder is in the layout NVIDIA's Nemotron-H checkpoints use on the Hub (`backbone.*`, one
+        tensor pair per expert); transformers converts it on load, and the weights are taken from there.
+        """
+        from transformers import AutoModelForCausalLM
 
         from minispec.targets.load import resolve
-        folder = resolve(name_or_path)
-        config = NemotronHConfig.from_pretrained(folder)
-        model = cls(config)
-        model.load_state_dict(load_file(folder / "model.safetensors"), strict=True)
-        return model.to(dtype).eval()
+        return cls.from_hf(AutoModelForCausalLM.from_pretrained(resolve(name_or_path), dtype=dtype))
 
     def new_cache(self, batch_size: int = 1, strategy: str = "replay", capacity: int = 16) -> HybridCache:
         return HybridCache(self, batch_size, strategy, capacity, dtype=self.lm_head.weight.dtype)

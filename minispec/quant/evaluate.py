@@ -224,7 +224,8 @@ def evaluate_models(teacher, models: dict, evalset, tokenizer, n_prompts: int = 
         metrics = metric_suite(predictions(model, evalset, n_prompts), ref, cats)
         if drafter is not None:
             metrics["tau"] = speculative_tau(model, drafter, spec_prompts)
-        row = {"metrics": metrics, "recovery": recovery(metrics, bf16), "median_recovery": median_recovery(metrics, bf16)}
+        row = {"metrics": metrics, "recovery": recovery(metrics, bf16),
+               "median_recovery": median_recovery(metrics, bf16)}
         if bf16_lengths is not None:
             lengths = reply_lengths(model, length_prompts_, max_new_tokens, stop_ids)
             row["mean_reply_length"] = lengths.float().mean().item()

@@ -79,7 +79,8 @@ def layer_formats(qcfg: dict, names) -> dict[str, str]:
             raise ValueError(f"unsupported quant_algo {sorted(unknown)}; minispec reads {sorted(FORMAT_OF_ALGO)}")
         return {n: FORMAT_OF_ALGO[layers[n]["quant_algo"]] if n in layers else "bf16" for n in names}
     if algo not in FORMAT_OF_ALGO:
-        raise ValueError(f"unsupported quant_algo {algo!r}; minispec reads {sorted(FORMAT_OF_ALGO)} and MIXED_PRECISION")
+        raise ValueError(f"unsupported quant_algo {algo!r}; minispec reads {sorted(FORMAT_OF_ALGO)} "
+                         "and MIXED_PRECISION")
     return {n: "bf16" if n in exclude else FORMAT_OF_ALGO[algo] for n in names}
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = {"recipe": recipe["name"], "scales": recipe["scales"], "settings": asdict(s),
                "val_kl_ptq": before, "val_kl_qad": after, "train_kl_first_20": sum(history[:20]) / 20,
                "train_kl_last_20": sum(history[-20:]) / 20,
-               "command": "python -m minispec.quant.qad " + " ".join(argv or [])}
+               "command": "python -m minispec.quant.qad " + " ".join(sys.argv[1:] if argv is None else argv)}
     a.work_dir.mkdir(parents=True, exist_ok=True)
     torch.save(student.state_dict(), a.work_dir / "student.pt")
     (a.work_dir / "summary.json").write_text(json.dumps(summary, indent=1))

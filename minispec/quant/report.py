@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     calib = data.random_windows(data.token_stream("train", tok), 8, 64, 0, -1)  # as minispec.quant.qad calibrates
     loop = lambda m: m(input_ids=calib)  # noqa: E731
     models = {}
-    for name, recipe, folder in (("aggressive", AGGRESSIVE, a.qad_dir), ("aggressive-w4a4", AGGRESSIVE_W4A4, a.qad_w4a4_dir)):
+    runs = (("aggressive", AGGRESSIVE, a.qad_dir), ("aggressive-w4a4", AGGRESSIVE_W4A4, a.qad_w4a4_dir))
+    for name, recipe, folder in runs:
         models[f"ptq-{name}"] = make_student(teacher, recipe, loop).eval()
         if (folder / "student.pt").exists():
             student = make_student(teacher, recipe, loop)
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     spec_prompts = [p[-64:] for p in ms.load_evalset().prompts[:8]]
     report = ev.evaluate_models(teacher, models, ms.load_evalset(), tok, a.prompts, lp, max_new_tokens=128,
                                 drafter=make, spec_prompts=spec_prompts, stop_ids=ev.reply_stop_ids(tok))
-    out = {"command": "python -m minispec.quant.report " + " ".join(argv or []),
+    out = {"command": "python -m minispec.quant.report " + " ".join(sys.argv[1:] if argv is None else argv),
            "sensitivity_top10": ranked[:10], "head_share_of_w4a16_score": scores["lm_head"]["w4a16"] / total,
            "conservative_recipe": conservative,
            "storage": {n: storage_report(m) for n, m in models.items() if n.startswith("ptq")},

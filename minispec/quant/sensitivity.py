@@ -123,7 +123,8 @@ def search_formats(scores: dict[str, dict[str, float]], sizes: dict[str, int], b
     mono = monotone(scores)
     cheapest = min(formats, key=lambda f: FORMATS[f])
     if bits_budget < FORMATS[cheapest]:
-        raise ValueError(f"bits budget {bits_budget} is below the narrowest candidate ({cheapest}: {FORMATS[cheapest]})")
+        raise ValueError(f"bits budget {bits_budget} is below the narrowest candidate "
+                         f"({cheapest}: {FORMATS[cheapest]})")
     choice = {n: min((f for f in formats if f in mono[n]), key=lambda f: FORMATS[f]) for n in scores}
     total = sum(sizes.values())
     used = sum(sizes[n] * FORMATS[f] for n, f in choice.items())

@@ -36,7 +36,8 @@ def two_level_scales(x: torch.Tensor, ax=None):
     ax.scatter(k, x_hat.abs(), s=10, color=PALETTE[3], zorder=3, label="|x̂| (dequantized)")
     reach = (t.block_scales.float()[0] * t.global_scale * nvfp4.E2M1_MAX).tolist()
     for b, r in enumerate(reach):
-        ax.hlines(r, b * 16 - 0.5, b * 16 + 15.5, color=PALETTE[2], lw=2, label="6 · s_b · g (block range)" if b == 0 else None)
+        ax.hlines(r, b * 16 - 0.5, b * 16 + 15.5, color=PALETTE[2], lw=2,
+                  label="6 · s_b · g (block range)" if b == 0 else None)
         ax.axvline(b * 16 - 0.5, color="grey", lw=0.5)
     return _finish(ax, f"two-level scales: g = {t.global_scale.item():.3g} per tensor, one E4M3 s_b per 16",
                    "element", "magnitude")

@@ -125,9 +125,11 @@ def validation_tau(target, drafter, prompts, max_new_tokens: int = 48) -> float:
 
 
 def live_training(target, tokenizer, steps: int = 40, eval_every: int = 10, replies: int = 48,
-                  val_prompts: int = 4, seed: int = 0, work_dir=None, plot=None) -> tuple[object, list[dict]]:
+                  val_prompts: int = 4, seed: int = 0, work_dir=None, loss_plot=None,
+                  tau_plot=None) -> tuple[object, list[dict]]:
     """Train a fresh bolt-mini drafter for a few steps on the target's greedy replies, measuring greedy
-    tau on held-out prompts every `eval_every` steps; returns (drafter model, [{"step", "tau", "loss"}])."""
+    tau on held-out prompts every `eval_every` steps; returns (drafter model, [{"step", "tau", "loss"}]).
+    `loss_plot` (series "loss") gets every step, `tau_plot` (series "tau") every evaluation."""
     import tempfile
 
     from minispec.dflash.config import bolt_mini_dflash_config
@@ -144,12 +146,14 @@ def live_training(target, tokenizer, steps: int = 40, eval_every: int = 10, repl
     log: list[dict] = []
 
     def on_step(step: int, record: dict) -> None:
+        if loss_plot is not None:
+            loss_plot.add(step + 1, loss=record["loss"])
         if (step + 1) % eval_every and step != 0:
             return
         tau = validation_tau(target, DFlashDrafter(model, target), prompts)
         log.append({"step": step + 1, "tau": tau, "loss": record["loss"]})
-        if plot is not None:
-            plot.add(step + 1, tau=tau)
+        if tau_plot is not None:
+            tau_plot.add(step + 1, tau=tau)
 
     train(model, target, data, s, work_dir or tempfile.mkdtemp(), on_step=on_step, desc="live dflash")
     return model, log

@@ -216,3 +216,11 @@ def test_step_log_and_timeline():
     assert all(r["written"] == 4 * m.init_state(1).nbytes() for r in naive)  # T states every step
     fig = replay_timeline(rows, naive, capacity=8)
     assert len(fig.axes) == 2
+
+
+def test_bench_bytes_table():
+    from minispec.ssm.bench import bytes_rows
+    rows = bytes_rows()
+    assert [(r["shape"], r["T"]) for r in rows] == [(s, T) for s in ("Super", "lightning-mini") for T in (2, 4, 7)]
+    assert all(r["write_ratio"] >= 4 for r in rows if r["T"] == 4)
+    assert all(r["rp_mem_KiB"] < r["pp_mem_KiB"] for r in rows)

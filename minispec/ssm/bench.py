@@ -2,8 +2,6 @@
 tokens/s of AR vs speculative decoding on lightning-mini with both strategies."""
 from __future__ import annotations
 
-import time
-
 import torch
 
 from minispec import costs
@@ -33,27 +31,26 @@ def bytes_rows(ring: int = 16) -> list[dict]:
     return rows
 
 
-def speed_rows(prompts: int, max_new_tokens: int, drafters: list[str], K: int = 4) -> list[dict]:
-    """AR vs speculative on lightning-mini (batch 1, greedy), every strategy, on the frozen eval prompts."""
+def speed_rows(prompts: int, max_new_tokens: int, drafters: list[str], K: int = 4, repeats: int = 2) -> list[dict]:
+    """AR vs speculative on lightning-mini (batch 1, greedy), every strategy, on the frozen eval prompts.
+    Each row is the best of `repeats` runs after a warm-up run (`minispec.bench.timed`)."""
     import minispec as ms
+    from minispec.bench import timed
     from minispec.ssm.hybrid import HybridLM
 
     model = HybridLM.from_pretrained("lightning-mini")
     chosen = ms.load_evalset().prompts[:prompts]
     rows = []
     for strategy in ("replay", "per-position"):
-        start = time.perf_counter()
-        ar = [model.generate(p[None], max_new_tokens, strategy=strategy) for p in chosen]
-        ar_s = time.perf_counter() - start
+        ar_s, ar = timed(lambda: [model.generate(p[None], max_new_tokens, strategy=strategy) for p in chosen], repeats)
         n_ar = sum(o.shape[1] for o in ar)
         rows.append({"strategy": strategy, "method": "autoregressive", "drafter": "-", "tau": 1.0,
                      "tokens_per_s": round(n_ar / ar_s, 1), "speedup": 1.0, "equal_to_ar": True})
         model.spec_strategy = strategy
         for name in drafters:
             drafter = ms.load_drafter(name, model, num_draft_tokens=K)
-            start = time.perf_counter()
-            outs = [ms.speculative_generate(model, drafter, p[None], max_new_tokens) for p in chosen]
-            s = time.perf_counter() - start
+            s, outs = timed(lambda: [ms.speculative_generate(model, drafter, p[None], max_new_tokens) for p in chosen],
+                            repeats)
             n = sum(int(o.lengths.sum()) for o in outs)
             cycles = [c for o in outs for c in o.stats.verifications]
             equal = all(torch.equal(o.tokens[0, : a.shape[1]], a[0]) for o, a in zip(outs, ar))
@@ -73,6 +70,6 @@ def bench_replay(args) -> list[dict]:
     print_table(table)
     print()
     rows = [{"kind": "bytes", **r} for r in table]
-    rows += [{"kind": "speed", **r} for r in speed_rows(args.prompts, args.max_new_tokens, args.drafters)]
+    rows += [{"kind": "speed", **r} for r in speed_rows(args.prompts, args.max_new_tokens, args.drafters, repeats=args.repeats)]
     keys = list(dict.fromkeys(k for r in rows for k in r))
     return [{k: r.get(k, "") for k in keys} for r in rows]  # one column set, so the rows print as one table

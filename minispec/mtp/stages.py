@@ -1,0 +1,368 @@
+"""Seed 004's MTP story at lightning-mini scale, one package script per stage:
+
+    python -m minispec.mtp.stages sft         1. an MTP head trained on corpus data beside the shipped
+                                                 lightning-mini (backbone frozen, see below)
+    python -m minispec.mtp.stages posttrain   2. the backbone trained further on a shifted slice (the
+                                                 stdlib's unit tests); the head is not updated
+    python -m minispec.mtp.stages boost       3. the stale head re-aligned to the post-trained backbone:
+                                                 frozen backbone, its own T = 1 replies, per-depth KL,
+                                                 hidden-state mixing on (shipped), off, and a short top-up
+    python -m minispec.mtp.stages eval        4. every head at T = 0 and T = 1 (sampled and argmax drafts)
+
+Stage 1 is a *frozen-backbone* SFT stage: the head learns the corpus (cross-entropy at every depth,
+Megatron's MTP loss with the trunk detached) while lightning-mini keeps the weights it shipped with.
+Joint training would also move the backbone, and lightning-mini was trained (and is tested) without an
+MTP term; the head still learns the data, not the backbone's distribution, which is what an SFT-stage
+head does. Every stage is seeded, shows tqdm, and resumes from `train_state.pt` in its work dir.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from minispec.mtp.backbone import Backbone
+from minispec.mtp.head import MTPConfig, MTPHead
+from minispec.mtp.sft import joint_loss
+from minispec.targets import corpus, data
+from minispec.targets.load import CHECKPOINTS
+from minispec.targets.train import lr_at
+
+SFT_FOLDER = CHECKPOINTS / "lightning-mini"  # the stage-1 head lives beside its backbone (mtp.*)
+POST_FOLDER = CHECKPOINTS / "lightning-mini-post"  # the post-trained backbone + its boosted head
+SHIFT_PREFIX = "test/"  # the post-training slice: unit tests, a different register from library code
+
+
+def work_root() -> Path:
+    return data.cache_dir() / "mtp"
+
+
+def head_config(backbone_config) -> MTPConfig:
+    """Nemotron 3.5's head layout ("*E": attention then MoE) at a size that ships small (~0.4 M params)."""
+    return MTPConfig.like(backbone_config, pattern="*E", head_dim=32, moe_intermediate_size=64,
+                          moe_shared_expert_intermediate_size=64)
+
+
+def load_backbone(folder: Path = SFT_FOLDER):
+    from minispec.ssm.hybrid import HybridLM
+
+    model = HybridLM.from_pretrained(folder).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer")
+
+
+def shifted_stream(tok) -> torch.Tensor:
+    """The post-training slice: train-split files under `SHIFT_PREFIX`, as one `<bos> file <eos>` stream."""
+    ids: list[int] = []
+    for f in corpus.iter_files("train"):
+        if f.relpath.startswith(SHIFT_PREFIX):
+            ids += [tok.bos_token_id, *tok(f.text)["input_ids"], tok.eos_token_id]
+    if not ids:
+        raise ValueError(f"no train files under {SHIFT_PREFIX!r} in this Python's stdlib")
+    return torch.tensor(ids)
+
+
+def _resume(path: Path, modules: dict, settings: dict) -> tuple[int, list]:
+    if not path.exists():
+        return 0, []
+    state = torch.load(path, weights_only=False)
+    if state["settings"] != settings:
+        raise ValueError(f"{path} was written with other settings: {state['settings']}; "
+                         "delete it or rerun with the same settings")
+    for name, module in modules.items():
+        module.load_state_dict(state[name])
+    return state["step"], state["history"]
+
+
+def _checkpoint(path: Path, modules: dict, step: int, history: list, settings: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {name: m.state_dict() for name, m in modules.items()}
+    torch.save({**state, "step": step, "history": history, "settings": settings}, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+
+
+def _record(folder: Path, name: str, record: dict) -> None:
+    record = {"command": "python -m minispec.mtp.stages " + shlex.join(sys.argv[1:]), **record,
+              "torch": torch.__version__, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (folder / name).write_text(json.dumps(record, indent=1))
+
+
+# -- stage 1 -------------------------------------------------------------------------------------
+@dataclass
+class SFTSettings:
+    steps: int = 200
+    batch: int = 8
+    seq_len: int = 64
+    depths: int = 3
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 20
+    grad_clip: float = 1.0
+    seed: int = 0
+    ckpt_every: int = 50
+
+
+def train_sft_head(model, s: SFTSettings, work_dir: Path, stop_after: int | None = None) -> tuple[MTPHead, list]:
+    """Stage 1: a fresh head trained on corpus windows (CE at every depth) on the frozen `model`."""
+    torch.manual_seed(s.seed)
+    head = MTPHead(head_config(model.config))
+    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    stream = data.token_stream("train", tokenizer())
+    path = work_dir / "train_state.pt"
+    modules = {"model": head, "optimizer": opt}
+    start, history = _resume(path, modules, asdict(s))
+    end = s.steps if stop_after is None else min(s.steps, stop_after)
+    head.train()
+    bar = tqdm(range(start, end), initial=start, total=s.steps, desc="stage 1: SFT head")
+    for step in bar:
+        x = data.random_windows(stream, s.batch, s.seq_len, s.seed, step)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, s)
+        res = joint_loss(model, head, x, s.depths, detach_backbone=True)
+        (res.loss - res.lm).backward()  # the LM term is a constant here: the backbone is frozen
+        torch.nn.utils.clip_grad_norm_(head.parameters(), s.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        history.append({"ce": res.mtp.tolist(), "accuracy": res.mtp_accuracy.tolist()})
+        bar.set_postfix(ce1=f"{res.mtp[0]:.3f}", acc1=f"{res.mtp_accuracy[0]:.3f}")
+        if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
+            _checkpoint(path, modules, step + 1, history, asdict(s))
+    return head.eval(), history
+
+
+def save_head(head: MTPHead, folder: Path) -> None:
+    """bf16 on disk, as every shipped checkpoint (the head is loaded back in the backbone's dtype)."""
+    copy = MTPHead(head.config)
+    copy.load_state_dict(head.state_dict())
+    copy.to(torch.bfloat16).save_pretrained(folder)
+
+
+# -- stage 2 -------------------------------------------------------------------------------------
+@dataclass
+class PostSettings:
+    steps: int = 60
+    batch: int = 4
+    seq_len: int = 128
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 10
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    ckpt_every: int = 20
+
+
+def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
+    """Stage 2: lightning-mini (transformers' NemotronH, the format it ships in) trained further on the
+    shifted slice with the LM loss. Returns the HF model (float32) and the loss history."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(s.seed)
+    model = AutoModelForCausalLM.from_pretrained(SFT_FOLDER, dtype=torch.float32)
+    stream = shifted_stream(tokenizer())
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+    path = work_dir / "train_state.pt"
+    modules = {"model": model, "optimizer": opt}
+    start, history = _resume(path, modules, asdict(s))
+    end = s.steps if stop_after is None else min(s.steps, stop_after)
+    model.train()
+    bar = tqdm(range(start, end), initial=start, total=s.steps, desc="stage 2: post-train backbone")
+    for step in bar:
+        x = data.random_windows(stream, s.batch, s.seq_len, s.seed, step)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, s)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        history.append(loss.item())
+        bar.set_postfix(loss=f"{sum(history[-10:]) / len(history[-10:]):.3f}")
+        if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
+            _checkpoint(path, modules, step + 1, history, asdict(s))
+    return model.eval(), history
+
+
+# -- replies from a HybridLM ---------------------------------------------------------------------
+@torch.no_grad()
+def sample_replies(model, prompts: torch.Tensor, reply_len: int, temperature: float = 1.0, seed: int = 0,
+                   batch_size: int = 64):
+    """prompts [n, P] -> `Replies` (prompt ++ the model's own reply, loss mask on the reply up to and
+    including an EOS), decoded with HybridLM's cache. (minispec.targets.replies decodes through the
+    transformers cache API, which HybridLM does not implement.)"""
+    from minispec.spec import sampling
+    from minispec.targets.replies import Replies
+
+    if reply_len < 1:
+        raise ValueError(f"reply_len must be >= 1, got {reply_len}")
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    generator = torch.Generator().manual_seed(seed)
+    ids, masks = [], []
+    for start in tqdm(range(0, len(prompts), batch_size), desc=f"replies T={temperature}"):
+        chunk = prompts[start: start + batch_size]
+        cache = model.new_cache(len(chunk))
+        logits = model(chunk, cache).logits[:, -1]
+        done = torch.zeros(len(chunk), dtype=torch.bool)
+        reply, real = [], []
+        for _ in range(reply_len):
+            token = sampling.next_token(logits, temperature, None, None, generator)
+            real.append(~done)
+            reply.append(token.masked_fill(done, pad))
+            done = done | (token == eos)
+            logits = model(token[:, None], cache).logits[:, -1]
+        ids.append(torch.cat([chunk, torch.stack(reply, 1)], 1))
+        masks.append(torch.cat([torch.zeros_like(chunk), torch.stack(real, 1).long()], 1))
+    return Replies(torch.cat(ids), torch.cat(masks))
+
+
+def corpus_replies(model, num: int = 128, prompt_len: int = 48, reply_len: int = 48, seed: int = 0):
+    """Stage 3's data: `num` seeded train-split prompts and the model's T = 1 replies, cached on disk."""
+    from minispec.targets.replies import Replies, weights_digest
+
+    path = work_root() / "replies" / f"{weights_digest(model)}-{num}-{prompt_len}-{reply_len}-{seed}.pt"
+    if path.exists():
+        return Replies(**torch.load(path))
+    prompts = data.random_windows(data.token_stream("train", tokenizer()), num, prompt_len, seed, step=-11)
+    replies = sample_replies(model, prompts, reply_len, 1.0, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"input_ids": replies.input_ids, "loss_mask": replies.loss_mask}, path)
+    return replies
+
+
+# -- stage 4 -------------------------------------------------------------------------------------
+MODES = (("T=0", 0.0, False), ("T=1 sampled", 1.0, False), ("T=1 argmax", 1.0, True))
+
+
+def acceptance(model, head: MTPHead, prompts: list[torch.Tensor], k: int = 3, max_new_tokens: int = 32,
+               seed: int = 0, modes=MODES) -> dict[str, dict]:
+    """AL (τ: tokens per target forward) and per-position acceptance of `head` drafting for `model`,
+    batch 1 over `prompts`, per mode: T = 0; T = 1 with drafts sampled from q and full-q rejection;
+    T = 1 with argmax drafts (q one-hot)."""
+    import minispec as ms
+    from minispec.mtp.drafter import MTPDrafter
+    from minispec.spec.stats import SpecStats
+
+    out = {}
+    for name, temperature, argmax in modes:
+        drafter = MTPDrafter(head, model, num_draft_tokens=k, argmax_drafts=argmax)
+        generator = torch.Generator().manual_seed(seed)
+        runs = [ms.speculative_generate(model, drafter, p[None], max_new_tokens, temperature=temperature,
+                                        generator=generator) for p in prompts]
+        stats = SpecStats([c for r in runs for c in r.stats.cycles])
+        out[name] = {"tau": stats.tau, "per_position": stats.per_position.tolist()}
+    return out
+
+
+@torch.no_grad()
+def signal(model, head: MTPHead, replies, depths: int = 3) -> dict[str, list[float]]:
+    """Per-depth KL(backbone ‖ head) and 1 − TV on reply tokens: the training signal, on held-out replies."""
+    from minispec.mtp.boost import boost_loss
+
+    res = boost_loss(head, Backbone.of(model), replies.input_ids, depths, loss_mask=replies.loss_mask)
+    return {"kl": res.kl.tolist(), "one_minus_tv": res.acceptance.tolist()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("stage", choices=("sft", "posttrain", "boost", "eval"))
+    p.add_argument("--steps", type=int, help="override the stage's step count")
+    p.add_argument("--eval-prompts", type=int, default=8, help="eval-set prompts for stage 4 (batch 1 each)")
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    args = p.parse_args(argv)
+    {"sft": run_sft, "posttrain": run_posttrain, "boost": run_boost, "eval": run_eval}[args.stage](args)
+
+
+def run_sft(args) -> None:
+    s = SFTSettings() if args.steps is None else SFTSettings(steps=args.steps)
+    head, history = train_sft_head(load_backbone(), s, work_root() / "sft")
+    save_head(head, SFT_FOLDER)
+    _record(SFT_FOLDER, "mtp_training.json", {"stage": "1: SFT head (frozen backbone, CE on corpus windows)",
+                                               "settings": asdict(s), "final": history[-1],
+                                               "parameters": sum(p.numel() for p in head.parameters())})
+
+
+def run_posttrain(args) -> None:
+    s = PostSettings() if args.steps is None else PostSettings(steps=args.steps)
+    model, history = post_train(s, work_root() / "posttrain")
+    POST_FOLDER.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(POST_FOLDER)
+    tokenizer().save_pretrained(POST_FOLDER)
+    _record(POST_FOLDER, "training.json", {"stage": f"2: lightning-mini post-trained on train files under "
+                                                    f"{SHIFT_PREFIX!r}", "settings": asdict(s),
+                                           "loss_history": history})
+
+
+def boost_runs(steps: int | None = None) -> dict:
+    """Stage 3's runs, settings per name. Every run starts from the stage-1 head (re-alignment, as Nebius
+    boosts the shipped head); "transfer" is the cheap version: the same head, a quarter of the steps."""
+    from minispec.mtp.train import BoostSettings
+
+    main_steps = 60 if steps is None else steps
+    return {"boost-hsm": BoostSettings(steps=main_steps, batch=6, depths=3, hsm=True, lr=2e-3, warmup=5),
+            "boost-nohsm": BoostSettings(steps=main_steps, batch=6, depths=3, hsm=False, lr=2e-3, warmup=5),
+            "transfer": BoostSettings(steps=max(1, main_steps // 4), batch=6, depths=3, hsm=True, lr=2e-3,
+                                      warmup=2)}
+
+
+def run_boost(args) -> None:
+    from minispec.mtp.train import boost
+
+    model = load_backbone(POST_FOLDER)
+    replies = corpus_replies(model)
+    for name, s in boost_runs(args.steps).items():
+        head = MTPHead.from_pretrained(SFT_FOLDER)
+        history = boost(head, model, replies, s, work_root() / name, desc=f"stage 3: {name}")
+        folder = work_root() / "heads" / name
+        save_head(head, folder)
+        _record(folder, "mtp_training.json", {"stage": f"3: {name}", "settings": asdict(s), "final": history[-1],
+                                              "acceptance_every_10": [h["acceptance"] for h in history[::10]]})
+        if name == "boost-hsm":
+            save_head(head, POST_FOLDER)
+            _record(POST_FOLDER, "mtp_training.json", {"stage": "3: boosted (HSM) on this backbone",
+                                                       "settings": asdict(s), "final": history[-1]})
+
+
+def run_eval(args) -> None:
+    import minispec as ms
+    from minispec.mtp.boost import distribution_shift
+
+    prompts = ms.load_evalset().prompts[: args.eval_prompts]
+    sft, post = load_backbone(SFT_FOLDER), load_backbone(POST_FOLDER)
+    held_out = corpus_replies(post, num=32, seed=1)
+    eval_ids = torch.stack([p[:64] for p in prompts])  # eval prompts hold >= 64 tokens
+    shift = {"eval_prompts": distribution_shift(sft, post, eval_ids),
+             "post_training_slice": distribution_shift(sft, post, data.random_windows(
+                 shifted_stream(tokenizer()), 16, 128, 1, step=-3))}
+    heads = {"stage-1 (SFT) head": MTPHead.from_pretrained(SFT_FOLDER)}
+    for name in boost_runs():
+        heads[name] = MTPHead.from_pretrained(work_root() / "heads" / name)
+    rows = {"stage-1 head on stage-1 backbone": {**acceptance(sft, heads["stage-1 (SFT) head"], prompts, 3,
+                                                              args.max_new_tokens)}}
+    for name, head in tqdm(heads.items(), desc="stage 4: eval heads on the post-trained backbone"):
+        rows[f"{name} on post-trained backbone"] = {**acceptance(post, head, prompts, 3, args.max_new_tokens),
+                                                    "signal": signal(post, head, held_out)}
+    result = {"eval": f"first {len(prompts)} eval-set prompts, batch 1, K=3, {args.max_new_tokens} new tokens",
+              "distribution_shift_kl_new_old": shift, "rows": rows}
+    _record(POST_FOLDER, "mtp_eval.json", result)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

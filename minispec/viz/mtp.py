@@ -1,0 +1,87 @@
+"""Pictures for notebook 03: the recursive MTP head, its train/inference mismatch, and acceptance per position."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+from minispec.viz.plots import PALETTE
+
+
+def _box(ax, x, y, text, color, w=1.5, h=0.55):
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.04", fc=color, ec="0.3",
+                                alpha=0.9))
+    ax.text(x, y, text, ha="center", va="center", fontsize=8)
+
+
+def _arrow(ax, a, b, color="0.3", style="-|>"):
+    ax.add_patch(FancyArrowPatch(a, b, arrowstyle=style, mutation_scale=9, color=color, lw=1.1))
+
+
+def recursive_head(depths: int = 3):
+    """Two panels. Training: every depth of slot j reads a hidden state that stands in for the backbone's
+    h_j (depth 1 the backbone's own). Drafting: depth k reads depth k−1's output, the head's own guess."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
+    plt.close(fig)
+    for ax, title, mode in zip(axes, ("training (teacher forcing): depth k reads the backbone's h",
+                                      "drafting: depth k reads depth k−1's own output"), ("train", "draft")):
+        ax.set_xlim(-0.5, 2.2 * depths + 0.6)
+        ax.set_ylim(-0.8, 2.6)
+        ax.axis("off")
+        ax.set_title(title, fontsize=9)
+        for k in range(depths):
+            x = 2.2 * k + 1
+            _box(ax, x - 0.9, 0, f"h{'' if k == 0 else '′'}$_{{n+{k}}}$" if mode == "draft" else f"h$_{{n+{k}}}$",
+                 PALETTE[0] if (mode == "train" or k == 0) else PALETTE[3], w=0.8)
+            _box(ax, x, 1.0, f"MTP call {k + 1}\n(shared weights)", "0.9")
+            _box(ax, x, 2.1, f"draft d$_{{{k + 1}}}$", PALETTE[2], w=0.9)
+            _arrow(ax, (x - 0.9, 0.28), (x - 0.35, 0.72))
+            _arrow(ax, (x, 1.28), (x, 1.82))
+            if mode == "draft" and k + 1 < depths:
+                _arrow(ax, (x + 0.75, 1.0), (2.2 * (k + 1) + 1 - 0.9, 0.28), PALETTE[3])
+            tok = "x" if mode == "train" else ("last" if k == 0 else f"d$_{k}$")
+            ax.text(x + 0.35, 0.05, f"+ emb({tok})", fontsize=7, color="0.35")
+    return fig
+
+
+def stand_in_gap(gap: dict, title: str = "what depth k reads instead of the backbone's h"):
+    """gap from minispec.mtp.boost.stand_in_gap: cosine and relative error per depth."""
+    fig, ax = plt.subplots(figsize=(5.5, 3), layout="constrained")
+    plt.close(fig)
+    depths = range(1, len(gap["cosine"]) + 1)
+    ax.bar([d - 0.2 for d in depths], gap["cosine"].tolist(), 0.4, color=PALETTE[0], label="cosine to h")
+    ax.bar([d + 0.2 for d in depths], gap["relative_error"].tolist(), 0.4, color=PALETTE[3],
+           label="‖stand-in − h‖ / ‖h‖")
+    ax.set_xticks(list(depths))
+    ax.set_xlabel("depth k")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def per_position(rows: dict[str, list[float]], title: str = "acceptance per draft position"):
+    """rows: name -> per-position acceptance [K]; grouped bars per position."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.2), layout="constrained")
+    plt.close(fig)
+    n = len(rows)
+    width = 0.8 / max(n, 1)
+    for i, (name, values) in enumerate(rows.items()):
+        xs = [k + 1 - 0.4 + width * (i + 0.5) for k in range(len(values))]
+        ax.bar(xs, values, width, color=PALETTE[i % len(PALETTE)], label=name)
+    K = max(len(v) for v in rows.values())
+    ax.set_xticks(range(1, K + 1))
+    ax.set_xlabel("draft position (reached)")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def al_table(rows: dict[str, dict], modes=("T=0", "T=1 sampled", "T=1 argmax")) -> str:
+    """A plain-text table of AL (τ) and per-position acceptance per head and mode
+    (rows as returned by minispec.mtp.stages.acceptance, keyed by head name)."""
+    lines = [f"{'head':44s} " + " ".join(f"{m:>22s}" for m in modes)]
+    for name, row in rows.items():
+        cells = [f"τ {row[m]['tau']:.2f} ({' '.join(f'{a:.2f}' for a in row[m]['per_position'])})" for m in modes]
+        lines.append(f"{name:44s} " + " ".join(f"{c:>22s}" for c in cells))
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""minispec.mtp.stages: replies decoded with HybridLM's cache, the stage-1 loop resumes exactly, and the
+shipped heads (stage 1 beside lightning-mini, boosted beside lightning-mini-post) are exact and help."""
+import pytest
+import torch
+from transformers import NemotronHConfig, NemotronHForCausalLM
+
+import minispec as ms
+from minispec.mtp import MTPDrafter, MTPHead, check_head_fits
+from minispec.mtp import stages
+from minispec.mtp.backbone import Backbone
+from minispec.ssm.hybrid import HybridLM
+
+
+def tiny_hybrid(vocab=4096, seed=0):
+    torch.manual_seed(seed)
+    cfg = NemotronHConfig(vocab_size=vocab, hidden_size=32, hybrid_override_pattern="M*E", num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16, intermediate_size=48, mamba_num_heads=4,
+                          mamba_head_dim=8, ssm_state_size=8, n_groups=2, chunk_size=8, n_routed_experts=4,
+                          num_experts_per_tok=2, moe_intermediate_size=16, moe_shared_expert_intermediate_size=16,
+                          pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    model = HybridLM.from_hf(NemotronHForCausalLM(cfg).eval())
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def test_greedy_replies_are_the_models_own_greedy_continuation():
+    model = tiny_hybrid(vocab=64)
+    prompts = torch.randint(3, 64, (5, 9), generator=torch.Generator().manual_seed(0))
+    replies = stages.sample_replies(model, prompts, 7, temperature=0.0, batch_size=2)
+    assert replies.input_ids.shape == (5, 16)
+    assert torch.equal(replies.input_ids[:, :9], prompts)
+    reply = replies.input_ids[:, 9:]
+    mask = replies.loss_mask[:, 9:].bool()
+    assert not replies.loss_mask[:, :9].any()
+    for row in range(5):
+        expected = model.generate(prompts[row: row + 1], 7)[0]
+        n = int(mask[row].sum())
+        assert torch.equal(reply[row, :n], expected[:n])
+        eos = (expected == 1).nonzero()
+        assert n == (7 if len(eos) == 0 else int(eos[0]) + 1)  # counted up to and including an EOS
+
+
+def test_sampled_replies_are_seeded():
+    model = tiny_hybrid(vocab=64)
+    prompts = torch.randint(3, 64, (3, 6), generator=torch.Generator().manual_seed(1))
+    a = stages.sample_replies(model, prompts, 5, temperature=1.0, seed=3)
+    b = stages.sample_replies(model, prompts, 5, temperature=1.0, seed=3)
+    c = stages.sample_replies(model, prompts, 5, temperature=1.0, seed=4)
+    assert torch.equal(a.input_ids, b.input_ids) and not torch.equal(a.input_ids, c.input_ids)
+    with pytest.raises(ValueError, match="reply_len"):
+        stages.sample_replies(model, prompts, 0)
+
+
+def test_stage1_resumed_equals_uninterrupted(tmp_path):
+    model = tiny_hybrid()
+    s = stages.SFTSettings(steps=3, batch=2, seq_len=12, depths=2, warmup=1, ckpt_every=1)
+    straight, h1 = stages.train_sft_head(model, s, tmp_path / "a")
+    stages.train_sft_head(model, s, tmp_path / "b", stop_after=2)
+    resumed, h2 = stages.train_sft_head(model, s, tmp_path / "b")
+    assert h1 == h2 and len(h1) == 3
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert h1[-1]["ce"][0] < h1[0]["ce"][0] + 1.0  # finite, in a sensible range of log(4096) ~ 8.3
+    with pytest.raises(ValueError, match="other settings"):
+        stages.train_sft_head(model, stages.SFTSettings(steps=4, batch=2, seq_len=12, depths=2), tmp_path / "b")
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    if not (stages.SFT_FOLDER / "mtp.safetensors").exists() or not (stages.POST_FOLDER / "mtp.safetensors").exists():
+        pytest.skip("MTP heads not shipped yet")
+    sft, post = stages.load_backbone(stages.SFT_FOLDER), stages.load_backbone(stages.POST_FOLDER)
+    return sft, post, MTPHead.from_pretrained(stages.SFT_FOLDER), MTPHead.from_pretrained(stages.POST_FOLDER)
+
+
+def test_shipped_heads_are_mtp_named_fit_and_greedy_equals_ar(shipped):
+    sft, post, stale, boosted = shipped
+    from safetensors.torch import load_file
+
+    names = load_file(stages.POST_FOLDER / "mtp.safetensors")
+    assert all(k.startswith("mtp.layers.") for k in names) and "mtp.layers.0.eh_proj.weight" in names
+    check_head_fits(stale, Backbone.of(sft))
+    check_head_fits(boosted, Backbone.of(post))
+    prompt = ms.load_evalset().prompts[0][None]
+    for model, head in ((sft, stale), (post, boosted)):
+        out = ms.speculative_generate(model, MTPDrafter(head, model, 3), prompt, 20)
+        assert torch.equal(out.tokens[0], model.generate(prompt, 20)[0])
+
+
+def test_post_training_moved_the_backbone_and_boosting_caught_up(shipped):
+    sft, post, stale, boosted = shipped
+    from minispec.mtp.boost import distribution_shift
+
+    ids = torch.stack([p[:64] for p in ms.load_evalset().prompts[:8]])
+    shift = distribution_shift(sft, post, ids)
+    assert shift["kl"] > 0.05 and shift["one_minus_tv"] < 0.95
+    prompts = ms.load_evalset().prompts[:4]
+    modes = (("T=0", 0.0, False),)
+    before = stages.acceptance(post, stale, prompts, 3, 16, modes=modes)["T=0"]["tau"]
+    after = stages.acceptance(post, boosted, prompts, 3, 16, modes=modes)["T=0"]["tau"]
+    assert after > before * 1.05, (before, after)

@@ -132,3 +132,15 @@ def test_from_pretrained_reads_the_hub_layout(shipped):
     _, model, _ = shipped
     loaded = HybridLM.from_pretrained("lightning-mini")
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+def test_recorded_eval_scores_are_reproduced(shipped):
+    """docs/models.md quotes lightning-mini's eval.json; the shipped weights must still give its numbers."""
+    import json
+
+    from minispec.targets.evalset import score
+    from minispec.targets.load import resolve
+    recorded = json.loads((resolve("lightning-mini") / "eval.json").read_text())["first_40"]
+    got = score(shipped[0], limit=40)
+    assert got["loss"] == pytest.approx(recorded["loss"], rel=1e-4)
+    assert got["accuracy"] == pytest.approx(recorded["accuracy"], abs=1e-3)

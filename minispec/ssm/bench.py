@@ -70,6 +70,7 @@ def bench_replay(args) -> list[dict]:
     print_table(table)
     print()
     rows = [{"kind": "bytes", **r} for r in table]
-    rows += [{"kind": "speed", **r} for r in speed_rows(args.prompts, args.max_new_tokens, args.drafters, repeats=args.repeats)]
+    speed = speed_rows(args.prompts, args.max_new_tokens, args.drafters, repeats=args.repeats)
+    rows += [{"kind": "speed", **r} for r in speed]
     keys = list(dict.fromkeys(k for r in rows for k in r))
     return [{k: r.get(k, "") for k in keys} for r in rows]  # one column set, so the rows print as one table

@@ -97,3 +97,17 @@ def test_argmax_ceiling(target):
     assert argmax_ceiling(target, ps, 6, temperature=0.0, K=5, starts=2) == pytest.approx(6.0)
     # A random tiny model is nearly uniform over 4,096 tokens: at T = 1 nothing gets accepted.
     assert 1.0 <= argmax_ceiling(target, ps, 6, temperature=1.0, K=5, starts=2) < 1.05
+
+
+def test_every_rule_is_exact_and_accepts_as_predicted():
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    predicted = {"argmax, one-hot": float(p[q.argmax()]), "sampled, one-hot": float((p * q).sum()),
+                 "sampled, told q": float(torch.minimum(p, q).sum())}
+    for rule, rate in predicted.items():
+        dist, accepted = lessons.verify_draws(p, q, rule, n=40_000)
+        # TV to p within sampling noise (about sqrt(V / n) ~ 0.01); acceptance within 3 standard errors.
+        assert 0.5 * float((dist - p).abs().sum()) < 0.015, rule
+        assert accepted == pytest.approx(rate, abs=3 * (rate * (1 - rate) / 40_000) ** 0.5 + 1e-3), rule
+    with pytest.raises(ValueError, match="unknown rule"):
+        lessons.verify_draws(p, q, "nonsense")

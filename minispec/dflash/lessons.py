@@ -119,6 +119,52 @@ class MarginalSamplingDrafter(DFlashDrafter):
         return Proposal(drafts.to(last.device), q=q.view(len(last), k, -1))
 
 
+def verify_draws(p: torch.Tensor, q: torch.Tensor, rule: str, n: int = 40_000,
+                 seed: int = 0) -> tuple[torch.Tensor, float]:
+    """One verify step drawn n times: (distribution of the first emitted token [V], acceptance rate).
+
+    p, q: [V] target and draft distributions. rule:
+      "argmax, one-hot"   draft = argmax q, verifier treats it as deterministic (DFlash's rule)
+      "sampled, one-hot"  draft ~ q, verifier still treats it as deterministic (accept with p(d))
+      "sampled, told q"   draft ~ q, verifier told q (accept with min(1, p(d) / q(d)))
+    Each is exact: given the draft, a one-hot step reproduces p, and a mixture of exact steps is exact.
+    They differ in acceptance: p(argmax q), sum_d q(d) p(d) <= max p, and sum min(p, q) = 1 - TV.
+    """
+    from minispec.spec.verify import verify
+
+    g = torch.Generator().manual_seed(seed)
+    p, q = torch.as_tensor(p, dtype=torch.float32), torch.as_tensor(q, dtype=torch.float32)
+    if rule == "argmax, one-hot":
+        drafts = q.argmax().expand(n)
+    elif rule in ("sampled, told q", "sampled, one-hot"):
+        drafts = torch.multinomial(q, n, replacement=True, generator=g)
+    else:
+        raise ValueError(f"unknown rule {rule!r}")
+    told = q.expand(n, 1, -1) if rule == "sampled, told q" else None
+    res = verify(drafts[:, None], p.expand(n, 2, -1), told, generator=g)
+    return torch.bincount(res.tokens[:, 0], minlength=len(p)).double() / n, float(res.accepted.float().mean())
+
+
+def rules_figure(p, q, results: Mapping[str, torch.Tensor], labels=None):
+    """Grouped bars: the target p, the draft q and the emitted-token distribution under each rule."""
+    plt = _plt()
+    bars = {"target p": torch.as_tensor(p, dtype=torch.float64), "draft q": torch.as_tensor(q, dtype=torch.float64),
+            **results}
+    V = len(bars["target p"])
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    width = 0.8 / len(bars)
+    colors = ["black", "#bdbdbd", "#31a354", "#3182bd", "#de2d26"]
+    for i, ((name, values), color) in enumerate(zip(bars.items(), colors)):
+        ax.bar([v + (i - len(bars) / 2 + 0.5) * width for v in range(V)], values.tolist(), width, label=name,
+               color=color)
+    ax.set_xticks(range(V), labels or [str(v) for v in range(V)])
+    ax.set_ylabel("probability")
+    ax.set_title("first emitted token: which rules reproduce the target?")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
 def validation_tau(target, drafter, prompts, max_new_tokens: int = 48) -> float:
     """Greedy tau of `drafter` over `prompts` (one batch)."""
     return ms.speculative_generate(target, drafter, prompts, max_new_tokens).stats.tau

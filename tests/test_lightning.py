@@ -144,3 +144,17 @@ def test_recorded_eval_scores_are_reproduced(shipped):
     got = score(shipped[0], limit=40)
     assert got["loss"] == pytest.approx(recorded["loss"], rel=1e-4)
     assert got["accuracy"] == pytest.approx(recorded["accuracy"], abs=1e-3)
+
+
+def test_bench_replay_cli(tmp_path, capsys):
+    import json
+
+    from minispec.bench import main
+    out = tmp_path / "replay.json"
+    main(["replay", "--prompts", "1", "--max-new-tokens", "6", "--repeats", "1", "--drafters", "ngram",
+          "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    speed = [r for r in rows if r["kind"] == "speed"]
+    assert len([r for r in rows if r["kind"] == "bytes"]) == 6 and len(speed) == 4
+    assert all(r["equal_to_ar"] is True for r in speed)
+    assert "write_ratio" in capsys.readouterr().out

@@ -143,3 +143,14 @@ def test_bad_input_is_refused(model):
     m = quant.quantize(copy.deepcopy(model), quant.AGGRESSIVE)
     with pytest.raises(ValueError, match="already quantized"):
         quant.quantize(m, quant.AGGRESSIVE)
+
+
+def test_nvfp4_bench_is_registered_and_runs_on_cpu():
+    import argparse
+
+    from minispec.bench import BENCHES
+
+    rows = BENCHES["nvfp4"](argparse.Namespace(repeats=1))
+    methods = {(r["op"], r["method"]) for r in rows}
+    assert ("quantize", "torch reference") in methods and ("w4a16", "torch dequantize+matmul") in methods
+    assert all(r["ms"] is not None and r["ms"] > 0 for r in rows)

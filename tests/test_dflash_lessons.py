@@ -51,7 +51,7 @@ def test_timed_drafter_counts_drafter_time_and_changes_nothing(target, model):
     assert timed.seconds > 0
     row = side_by_side(target, DFlashDrafter(model, target), prompts(2, seed=1), 8, temperature=0.0)
     assert row["C_t_ms"] > 0 and row["C_d_ms"] > 0 and row["C_v_ms"] > 0
-    assert row["tau"] >= 1
+    assert row["tau"] >= 1 and row["identical_to_ar"] is True
     assert row["predicted_speedup"] == pytest.approx(
         costs.speedup(row["tau"], row["C_t_ms"], row["C_d_ms"], row["C_v_ms"]), rel=0.02)
 

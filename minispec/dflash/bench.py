@@ -97,8 +97,9 @@ def side_by_side(target, drafter, prompts, max_new_tokens: int, temperature: flo
     ar(prompts[0]), spec(prompts[0])  # warm-up
     timed.seconds = 0.0
     start = time.perf_counter()
-    ar_tokens = sum(int(ar(p).lengths.sum()) for p in prompts)
+    ar_outs = [ar(p) for p in prompts]
     ar_seconds = time.perf_counter() - start
+    ar_tokens = sum(int(o.lengths.sum()) for o in ar_outs)
     start = time.perf_counter()
     outs = [spec(p) for p in prompts]
     spec_seconds = time.perf_counter() - start
@@ -113,7 +114,10 @@ def side_by_side(target, drafter, prompts, max_new_tokens: int, temperature: flo
             "ar_tokens_per_s": round(ar_tokens / ar_seconds, 1),
             "spec_tokens_per_s": round(spec_tokens / spec_seconds, 1), "speedup": round(measured, 3),
             "C_t_ms": round(1000 * c_t, 2), "C_d_ms": round(1000 * c_d, 2), "C_v_ms": round(1000 * c_v, 2),
-            "predicted_speedup": round(costs.speedup(tau, c_t, c_d, c_v), 3)}
+            "predicted_speedup": round(costs.speedup(tau, c_t, c_d, c_v), 3),
+            # At T = 0 the outputs must be the same tokens; at T > 0 they are equal in distribution only.
+            "identical_to_ar": all(torch.equal(a.tokens, o.tokens) for a, o in zip(ar_outs, outs))
+            if temperature == 0 else None}
 
 
 def bench_dflash(args) -> list[dict]:

@@ -232,10 +232,8 @@ def evaluate_models(teacher, models: dict, evalset, tokenizer, n_prompts: int = 
             row["length_drift"] = length_drift(lengths, bf16_lengths)
             row["length_drift_ok"] = row["length_drift"] <= LENGTH_DRIFT_CAP
         report[name] = row
-    if drafter is not None:
-        make = drafter if callable(drafter) else None
-        if make is not None:
-            make(teacher)
+    if callable(drafter):
+        drafter(teacher)  # leave a DFlash drafter attached to the BF16 target again
     return report
 
 

@@ -354,7 +354,9 @@ def run_eval(args) -> None:
     for name in boost_runs():
         heads[name] = MTPHead.from_pretrained(work_root() / "heads" / name)
     rows = {"stage-1 head on stage-1 backbone": {**acceptance(sft, heads["stage-1 (SFT) head"], prompts, 3,
-                                                              args.max_new_tokens)}}
+                                                              args.max_new_tokens),
+                                                 "signal": signal(sft, heads["stage-1 (SFT) head"],
+                                                                  corpus_replies(sft, num=32, seed=1))}}
     for name, head in tqdm(heads.items(), desc="stage 4: eval heads on the post-trained backbone"):
         rows[f"{name} on post-trained backbone"] = {**acceptance(post, head, prompts, 3, args.max_new_tokens),
                                                     "signal": signal(post, head, held_out)}

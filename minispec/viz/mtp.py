@@ -33,13 +33,14 @@ def recursive_head(depths: int = 3):
             _box(ax, x - 0.9, 0, f"h{'' if k == 0 else '′'}$_{{n+{k}}}$" if mode == "draft" else f"h$_{{n+{k}}}$",
                  PALETTE[0] if (mode == "train" or k == 0) else PALETTE[3], w=0.8)
             _box(ax, x, 1.0, f"MTP call {k + 1}\n(shared weights)", "0.9")
-            _box(ax, x, 2.1, f"draft d$_{{{k + 1}}}$", PALETTE[2], w=0.9)
+            _box(ax, x, 2.1, f"predicts x$_{{n+{k + 2}}}$" if mode == "train" else f"draft d$_{{{k + 1}}}$", PALETTE[2],
+                 w=1.1)
             _arrow(ax, (x - 0.9, 0.28), (x - 0.35, 0.72))
             _arrow(ax, (x, 1.28), (x, 1.82))
             if mode == "draft" and k + 1 < depths:
                 _arrow(ax, (x + 0.75, 1.0), (2.2 * (k + 1) + 1 - 0.9, 0.28), PALETTE[3])
-            tok = "x" if mode == "train" else ("last" if k == 0 else f"d$_{k}$")
-            ax.text(x + 0.35, 0.05, f"+ emb({tok})", fontsize=7, color="0.35")
+            tok = f"x$_{{n+{k + 1}}}$" if mode == "train" else ("last" if k == 0 else f"d$_{k}$")
+            ax.text(x + 0.25, 0.42, f"+ emb({tok})", fontsize=7, color="0.35", ha="center")
     return fig
 
 

@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=("sft", "posttrain", "boost", "eval"))
     p.add_argument("--steps", type=int, help="override the stage's step count")
-    p.add_argument("--eval-prompts", type=int, default=8, help="eval-set prompts for stage 4 (batch 1 each)")
+    p.add_argument("--eval-prompts", type=int, default=20, help="eval-set prompts for stage 4 (batch 1 each)")
     p.add_argument("--max-new-tokens", type=int, default=24)
     args = p.parse_args(argv)
     {"sft": run_sft, "posttrain": run_posttrain, "boost": run_boost, "eval": run_eval}[args.stage](args)
@@ -311,13 +311,13 @@ def run_posttrain(args) -> None:
 
 def boost_runs(steps: int | None = None) -> dict:
     """Stage 3's runs, settings per name. Every run starts from the stage-1 head (re-alignment, as Nebius
-    boosts the shipped head); "transfer" is the cheap version: the same head, a quarter of the steps."""
+    boosts the shipped head); "transfer" is the cheap version: the same head, 1/16 of the steps."""
     from minispec.mtp.train import BoostSettings
 
-    main_steps = 60 if steps is None else steps
+    main_steps = 240 if steps is None else steps
     return {"boost-hsm": BoostSettings(steps=main_steps, batch=6, depths=3, hsm=True, lr=2e-3, warmup=5),
             "boost-nohsm": BoostSettings(steps=main_steps, batch=6, depths=3, hsm=False, lr=2e-3, warmup=5),
-            "transfer": BoostSettings(steps=max(1, main_steps // 4), batch=6, depths=3, hsm=True, lr=2e-3,
+            "transfer": BoostSettings(steps=max(1, main_steps // 16), batch=6, depths=3, hsm=True, lr=2e-3,
                                       warmup=2)}
 
 

@@ -37,7 +37,7 @@ def stream(n=400, period=37, seed=0):
 
 
 def settings(**kw):
-    return Settings(**(dict(steps=6, batch=2, seq_len=32, num_anchors=4, lr=3e-2, warmup=1, ckpt_every=2)
+    return Settings(**(dict(steps=6, batch=2, seq_len=32, num_anchors=4, lr=3e-2, warmup=1, ckpt_every=2, distill=0.0)
                        | kw))
 
 

@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
+from minispec import resume
 from minispec.dflash import mask as dmask
 from minispec.dflash.config import bolt_mini_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
@@ -140,27 +140,6 @@ def make_optimizer(drafter: DFlashDraftModel, s: Settings) -> torch.optim.AdamW:
                               {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
 
 
-def load_state(path: Path, drafter, opt, s: Settings) -> tuple[int, list[dict]]:
-    """Resume from `path` if it exists: (start step, history)."""
-    if not path.exists():
-        return 0, []
-    state = torch.load(path, weights_only=False)
-    if state["settings"] != asdict(s):
-        raise ValueError(f"{path} was written with other settings: {state['settings']}; "
-                         "delete it or rerun with the same settings")
-    drafter.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    print(f"resuming from step {state['step']}")
-    return state["step"], state["history"]
-
-
-def save_state(path: Path, drafter, opt, step: int, history: list[dict], s: Settings) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                "history": history, "settings": asdict(s)}, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
-
-
 def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s: Settings, work_dir: Path,
           stop_after: int | None = None, desc: str = "train dflash", on_step=None) -> list[dict]:
     """Train `drafter` (attached to `target`) in place on `dataset`: the target's `Replies` (loss on the
@@ -174,7 +153,10 @@ def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s:
     drafter.attach_target(target)
     opt = make_optimizer(drafter, s)
     ckpt = Path(work_dir) / "train_state.pt"
-    start, history = load_state(ckpt, drafter, opt, s)
+    modules = {"model": drafter, "optimizer": opt}
+    start, history = resume.load(ckpt, modules, asdict(s))
+    if start:
+        print(f"resuming from step {start}")
     end = s.steps if stop_after is None else min(s.steps, stop_after)
     drafter.train()
     bar = tqdm(range(start, end), initial=start, total=s.steps, desc=desc)
@@ -195,7 +177,7 @@ def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s:
         bar.set_postfix(loss=f"{sum(h['loss'] for h in recent) / len(recent):.3f}",
                         acc=f"{sum(h['accuracy'] for h in recent) / len(recent):.3f}")
         if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
-            save_state(ckpt, drafter, opt, step + 1, history, s)
+            resume.save(ckpt, modules, step + 1, history, asdict(s))
     drafter.eval()
     return history
 

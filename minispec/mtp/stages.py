@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from minispec import resume
 from minispec.mtp.backbone import Backbone
 from minispec.mtp.head import MTPConfig, MTPHead
 from minispec.mtp.sft import joint_loss
@@ -76,25 +77,6 @@ def shifted_stream(tok) -> torch.Tensor:
     return torch.tensor(ids)
 
 
-def _resume(path: Path, modules: dict, settings: dict) -> tuple[int, list]:
-    if not path.exists():
-        return 0, []
-    state = torch.load(path, weights_only=False)
-    if state["settings"] != settings:
-        raise ValueError(f"{path} was written with other settings: {state['settings']}; "
-                         "delete it or rerun with the same settings")
-    for name, module in modules.items():
-        module.load_state_dict(state[name])
-    return state["step"], state["history"]
-
-
-def _checkpoint(path: Path, modules: dict, step: int, history: list, settings: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {name: m.state_dict() for name, m in modules.items()}
-    torch.save({**state, "step": step, "history": history, "settings": settings}, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
-
-
 def _record(folder: Path, name: str, record: dict) -> None:
     record = {"command": "python -m minispec.mtp.stages " + shlex.join(sys.argv[1:]), **record,
               "torch": torch.__version__, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -124,7 +106,7 @@ def train_sft_head(model, s: SFTSettings, work_dir: Path, stop_after: int | None
     stream = data.token_stream("train", tokenizer())
     path = work_dir / "train_state.pt"
     modules = {"model": head, "optimizer": opt}
-    start, history = _resume(path, modules, asdict(s))
+    start, history = resume.load(path, modules, asdict(s))
     end = s.steps if stop_after is None else min(s.steps, stop_after)
     head.train()
     bar = tqdm(range(start, end), initial=start, total=s.steps, desc="stage 1: SFT head")
@@ -140,7 +122,7 @@ def train_sft_head(model, s: SFTSettings, work_dir: Path, stop_after: int | None
         history.append({"ce": res.mtp.tolist(), "accuracy": res.mtp_accuracy.tolist()})
         bar.set_postfix(ce1=f"{res.mtp[0]:.3f}", acc1=f"{res.mtp_accuracy[0]:.3f}")
         if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
-            _checkpoint(path, modules, step + 1, history, asdict(s))
+            resume.save(path, modules, step + 1, history, asdict(s))
     return head.eval(), history
 
 
@@ -180,7 +162,7 @@ def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
                              {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
     path = work_dir / "train_state.pt"
     modules = {"model": model, "optimizer": opt}
-    start, history = _resume(path, modules, asdict(s))
+    start, history = resume.load(path, modules, asdict(s))
     end = s.steps if stop_after is None else min(s.steps, stop_after)
     model.train()
     bar = tqdm(range(start, end), initial=start, total=s.steps, desc="stage 2: post-train backbone")
@@ -196,7 +178,7 @@ def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
         history.append(loss.item())
         bar.set_postfix(loss=f"{sum(history[-10:]) / len(history[-10:]):.3f}")
         if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
-            _checkpoint(path, modules, step + 1, history, asdict(s))
+            resume.save(path, modules, step + 1, history, asdict(s))
     return model.eval(), history
 
 

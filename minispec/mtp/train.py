@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from minispec import resume
 from minispec.mtp.backbone import Backbone
 from minispec.mtp.boost import FrozenBackbone, boost_loss
 from minispec.mtp.head import MTPHead
@@ -49,26 +50,11 @@ def make_optimizer(head: MTPHead, s: BoostSettings) -> torch.optim.AdamW:
 
 
 def _load_state(path: Path, head: MTPHead, opt, s: BoostSettings, backbone_digest: str) -> tuple[int, list[dict]]:
-    if not path.exists():
-        return 0, []
-    state = torch.load(path, weights_only=False)
-    if state["settings"] != asdict(s):
-        raise ValueError(f"{path} was written with other settings: {state['settings']}; "
-                         "delete it or rerun with the same settings")
-    if state["backbone"] != backbone_digest:
-        raise ValueError(f"{path} was boosted against another backbone (weights digest {state['backbone']}, "
+    previous = resume.stored(path, "backbone")
+    if previous is not None and previous != backbone_digest:
+        raise ValueError(f"{path} was boosted against another backbone (weights digest {previous}, "
                          f"this one is {backbone_digest}); delete it or resume with the same backbone")
-    head.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    return state["step"], state["history"]
-
-
-def _save_state(path: Path, head: MTPHead, opt, step: int, history: list[dict], s: BoostSettings,
-                backbone_digest: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": head.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                "history": history, "settings": asdict(s), "backbone": backbone_digest}, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
+    return resume.load(path, {"model": head, "optimizer": opt}, asdict(s))
 
 
 def boost(head: MTPHead, backbone_model, replies: Replies, s: BoostSettings, work_dir: Path,
@@ -109,6 +95,6 @@ def boost(head: MTPHead, backbone_model, replies: Replies, s: BoostSettings, wor
         bar.set_postfix(loss=f"{history[-1]['loss']:.4f}", acc1=f"{history[-1]['acceptance'][0]:.3f}")
         if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
             frozen.check()
-            _save_state(ckpt, head, opt, step + 1, history, s, digest)
+            resume.save(ckpt, {"model": head, "optimizer": opt}, step + 1, history, asdict(s), backbone=digest)
     head.eval()
     return history

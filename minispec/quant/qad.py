@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from minispec import resume
 from minispec.kl import kl_divergence
 from minispec.quant.api import AGGRESSIVE, AGGRESSIVE_W4A4, LIGHTNING_LIKE, check_recipe, load_recipe, quantize
 from minispec.targets.train import Settings as _TargetSettings
@@ -97,15 +98,9 @@ def train(teacher, student, batches, s: Settings, work_dir: Path | None = None, 
     freeze(teacher)
     torch.manual_seed(s.seed)
     opt = make_optimizer(student, s)
-    start, history = 0, []
     ckpt = Path(work_dir) / "qad.pt" if work_dir is not None else None
-    if ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        if state["settings"] != asdict(s):
-            raise ValueError(f"{ckpt} was written with other settings {state['settings']}; use a new work_dir")
-        student.load_state_dict(state["student"])
-        opt.load_state_dict(state["optimizer"])
-        start, history = state["step"], state["history"]
+    modules = {"student": student, "optimizer": opt}
+    start, history = resume.load(ckpt, modules, asdict(s)) if ckpt is not None else (0, [])
     student.train()
     end = s.steps if stop_after is None else min(s.steps, stop_after)
     bar = tqdm(range(start, end), desc="QAD", disable=not progress, initial=start, total=s.steps)
@@ -122,10 +117,7 @@ def train(teacher, student, batches, s: Settings, work_dir: Path | None = None, 
         if on_step is not None:
             on_step(step, history[-1])
         if ckpt is not None and ((step + 1) % s.ckpt_every == 0 or step + 1 == end):
-            ckpt.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"student": student.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                        "history": history, "settings": asdict(s)}, ckpt.with_suffix(".tmp"))
-            ckpt.with_suffix(".tmp").replace(ckpt)
+            resume.save(ckpt, modules, step + 1, history, asdict(s))
     student.eval()
     return history
 

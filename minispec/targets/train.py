@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from minispec import resume
 from minispec.targets import corpus, data
 from minispec.targets.configs import CONFIGS
 
@@ -88,15 +89,9 @@ def train(name: str, out: Path, work_dir: Path, s: Settings) -> dict:
         lr=s.lr, betas=(0.9, 0.95),
     )
     ckpt_path = work_dir / "train_state.pt"
-    start, history = 0, []
-    if ckpt_path.exists():
-        state = torch.load(ckpt_path, weights_only=False)
-        if state["settings"] != asdict(s):
-            raise ValueError(f"{ckpt_path} was written with other settings: {state['settings']}; "
-                             "delete it or rerun with the same settings")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        start, history = state["step"], state["history"]
+    modules = {"model": model, "optimizer": opt}
+    start, history = resume.load(ckpt_path, modules, asdict(s))
+    if start:
         print(f"resuming from step {start}")
 
     model.train()
@@ -113,10 +108,7 @@ def train(name: str, out: Path, work_dir: Path, s: Settings) -> dict:
         history.append(loss.item())
         bar.set_postfix(loss=f"{sum(history[-20:]) / len(history[-20:]):.3f}")
         if (step + 1) % s.ckpt_every == 0 or step + 1 == s.steps:
-            work_dir.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                        "history": history, "settings": asdict(s)}, ckpt_path.with_suffix(".tmp"))
-            ckpt_path.with_suffix(".tmp").replace(ckpt_path)
+            resume.save(ckpt_path, modules, step + 1, history, asdict(s))
 
     # Ship what the package loads: bf16 weights. Measure the loss of exactly those weights.
     model = model.to(torch.bfloat16).to(torch.float32)

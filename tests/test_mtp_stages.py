@@ -1,5 +1,7 @@
 """minispec.mtp.stages: replies decoded with HybridLM's cache, the stage-1 loop resumes exactly, and the
 shipped heads (stage 1 beside lightning-mini, boosted beside lightning-mini-post) are exact and help."""
+import json
+
 import pytest
 import torch
 from transformers import NemotronHConfig, NemotronHForCausalLM
@@ -52,18 +54,42 @@ def test_sampled_replies_are_seeded():
         stages.sample_replies(model, prompts, 0)
 
 
-def test_stage1_resumed_equals_uninterrupted(tmp_path):
-    model = tiny_hybrid()
+def tiny_hf(seed=0):
+    torch.manual_seed(seed)
+    return NemotronHForCausalLM(NemotronHConfig(
+        vocab_size=4096, hidden_size=32, hybrid_override_pattern="M*E", num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, intermediate_size=48, mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, n_groups=2,
+        chunk_size=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        moe_shared_expert_intermediate_size=16, pad_token_id=0, eos_token_id=1, bos_token_id=2))
+
+
+def test_stage1_trains_backbone_and_head_together_and_resumes_exactly(tmp_path):
     s = stages.SFTSettings(steps=3, batch=2, seq_len=12, depths=2, warmup=1, ckpt_every=1)
-    straight, h1 = stages.train_sft_head(model, s, tmp_path / "a")
-    stages.train_sft_head(model, s, tmp_path / "b", stop_after=2)
-    resumed, h2 = stages.train_sft_head(model, s, tmp_path / "b")
+    start = tiny_hf()
+    straight_model = tiny_hf()
+    straight, h1 = stages.train_sft(straight_model, s, tmp_path / "a")
+    stages.train_sft(tiny_hf(), s, tmp_path / "b", stop_after=2)
+    resumed_model = tiny_hf()
+    resumed, h2 = stages.train_sft(resumed_model, s, tmp_path / "b")
     assert h1 == h2 and len(h1) == 3
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
-    assert h1[-1]["ce"][0] < h1[0]["ce"][0] + 1.0  # finite, in a sensible range of log(4096) ~ 8.3
+    for (name, a), b in zip(straight_model.state_dict().items(), resumed_model.state_dict().values()):
+        assert torch.equal(a, b), name
+    moved = [n for n, p in straight_model.named_parameters() if not torch.equal(p, start.state_dict()[n])]
+    assert "lm_head.weight" in moved and any(".mixer." in n for n in moved)  # the backbone trained too
+    assert all(h["lm"] < 9.0 and h["ce"][0] < 9.0 for h in h1)  # finite, near log(4096) = 8.3 at init
     with pytest.raises(ValueError, match="other settings"):
-        stages.train_sft_head(model, stages.SFTSettings(steps=4, batch=2, seq_len=12, depths=2), tmp_path / "b")
+        stages.train_sft(tiny_hf(), stages.SFTSettings(steps=4, batch=2, seq_len=12, depths=2), tmp_path / "b")
+
+
+def test_shipped_lightning_mini_is_the_joint_sft_stage_and_stage1_refuses_to_restart_from_it(tmp_path):
+    record = json.loads((stages.SFT_FOLDER / "training.json").read_text())
+    assert record["command"] == "python -m minispec.mtp.stages sft" and "joint" in record["stage"]
+    assert record["previous_stage"]["command"].startswith("python -m minispec.targets.train lightning-mini")
+    assert record["val_loss"] < record["previous_stage"]["val_loss"]  # same val windows
+    with pytest.raises(ValueError, match="targets.train lightning-mini"):
+        stages.pretrained_backbone(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +124,24 @@ def test_post_training_moved_the_backbone_and_boosting_caught_up(shipped):
     before = stages.acceptance(post, stale, prompts, 3, 16, modes=modes)["T=0"]["tau"]
     after = stages.acceptance(post, boosted, prompts, 3, 16, modes=modes)["T=0"]["tau"]
     assert after > before * 1.05, (before, after)
+
+
+def test_hsm_study_pairs_seeds_and_resumes(tmp_path):
+    from minispec.mtp.train import BoostSettings
+
+    model = tiny_hybrid()
+    start = MTPHead(stages.head_config(model.config))
+    prompts = torch.randint(3, 4096, (6, 8), generator=torch.Generator().manual_seed(2))
+    replies = stages.sample_replies(model, prompts, 8, temperature=1.0)
+    held_out = stages.sample_replies(model, prompts[:3], 8, temperature=1.0, seed=5)
+    runs = {name: BoostSettings(steps=2, batch=2, depths=2, hsm=hsm, warmup=1)
+            for name, hsm in (("boost-hsm", True), ("boost-nohsm", False))}
+    a = stages.hsm_study(model, start, replies, held_out, 2, runs, tmp_path)
+    on, off = torch.tensor(a["one_minus_tv"]["boost-hsm"]), torch.tensor(a["one_minus_tv"]["boost-nohsm"])
+    assert on.shape == off.shape == (2, stages.SIGNAL_DEPTHS)
+    assert ((on > 0) & (on < 1)).all() and not torch.equal(on[0], on[1])  # the seed changes the run
+    torch.testing.assert_close(torch.tensor(a["hsm_minus_nohsm"]["mean"]), (on - off).mean(0))
+    torch.testing.assert_close(torch.tensor(a["hsm_minus_nohsm"]["stderr"]), (on - off).std(0) / 2 ** 0.5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["boost-hsm", "boost-hsm-seed1", "boost-nohsm",
+                                                          "boost-nohsm-seed1"]
+    assert stages.hsm_study(model, start, replies, held_out, 2, runs, tmp_path) == a  # resumed, not retrained

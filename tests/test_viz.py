@@ -264,3 +264,17 @@ def test_importing_viz_does_not_import_matplotlib():
     code = "import sys, minispec.viz; print('matplotlib' in sys.modules, 'ipywidgets' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_hsm_gain_draws_the_paired_means_and_every_seed():
+    from minispec.viz import mtp
+
+    study = {"one_minus_tv": {"boost-hsm": [[0.6, 0.5, 0.4], [0.62, 0.5, 0.45]],
+                              "boost-nohsm": [[0.6, 0.48, 0.38], [0.6, 0.49, 0.4]]},
+             "hsm_minus_nohsm": {"mean": [0.01, 0.015, 0.035], "stderr": [0.01, 0.005, 0.015]}}
+    fig = mtp.hsm_gain(study, trained_depths=2)
+    ax = fig.axes[0]
+    bars = next(c for c in ax.containers if hasattr(c, "patches"))
+    assert [round(b.get_height(), 6) for b in bars.patches] == [0.01, 0.015, 0.035]
+    dots = [line for line in ax.lines if line.get_marker() == "o" and len(line.get_xdata())]
+    assert len(dots) == 2 and [round(y, 6) for y in dots[1].get_ydata()] == [0.02, 0.01, 0.05]

@@ -1,7 +1,8 @@
 """Seed 004's MTP story at lightning-mini scale, one package script per stage:
 
-    python -m minispec.mtp.stages sft         1. an MTP head trained on corpus data beside the shipped
-                                                 lightning-mini (backbone frozen, see below)
+    python -m minispec.mtp.stages sft         1. joint SFT: the pretrained lightning-mini and a fresh MTP head
+                                                 trained together (LM loss + 0.1 x per-depth MTP loss); the
+                                                 result *is* the shipped lightning-mini (backbone + mtp.*)
     python -m minispec.mtp.stages posttrain   2. the backbone trained further on a shifted slice (the
                                                  stdlib's unit tests); the head is not updated
     python -m minispec.mtp.stages boost       3. the stale head re-aligned to the post-trained backbone:
@@ -9,11 +10,9 @@
                                                  hidden-state mixing on (shipped), off, and a short top-up
     python -m minispec.mtp.stages eval        4. every head at T = 0 and T = 1 (sampled and argmax drafts)
 
-Stage 1 is a *frozen-backbone* SFT stage: the head learns the corpus (cross-entropy at every depth,
-Megatron's MTP loss with the trunk detached) while lightning-mini keeps the weights it shipped with.
-Joint training would also move the backbone, and lightning-mini was trained (and is tested) without an
-MTP term; the head still learns the data, not the backbone's distribution, which is what an SFT-stage
-head does. Every stage is seeded, shows tqdm, and resumes from `train_state.pt` in its work dir.
+Stage 1 starts from `python -m minispec.targets.train lightning-mini`'s output and overwrites that folder,
+keeping the pretraining record under `previous_stage` in training.json. Every stage is seeded, shows
+tqdm, and resumes from `train_state.pt` in its work dir.
 """
 from __future__ import annotations
 
@@ -86,44 +85,70 @@ def _record(folder: Path, name: str, record: dict) -> None:
 # -- stage 1 -------------------------------------------------------------------------------------
 @dataclass
 class SFTSettings:
-    steps: int = 200
+    steps: int = 300
     batch: int = 8
-    seq_len: int = 64
+    seq_len: int = 256
     depths: int = 3
-    lr: float = 2e-3
+    mtp_weight: float = 0.1  # Megatron-LM's mtp_loss_scaling_factor default
+    lr: float = 2e-3  # the fresh head
+    backbone_lr: float = 5e-4  # the pretrained backbone, fine-tuned (same schedule, scaled)
     min_lr_ratio: float = 0.1
     warmup: int = 20
+    weight_decay: float = 0.1  # backbone matrices only
     grad_clip: float = 1.0
     seed: int = 0
-    ckpt_every: int = 50
+    ckpt_every: int = 25
 
 
-def train_sft_head(model, s: SFTSettings, work_dir: Path, stop_after: int | None = None) -> tuple[MTPHead, list]:
-    """Stage 1: a fresh head trained on corpus windows (CE at every depth) on the frozen `model`."""
+def train_sft(model, s: SFTSettings, work_dir: Path, stop_after: int | None = None) -> tuple[MTPHead, list]:
+    """Stage 1: `model` (the pretrained backbone, trained in place) and a fresh head trained together on
+    corpus windows with `joint_loss`: LM cross-entropy + mtp_weight · mean per-depth CE."""
     torch.manual_seed(s.seed)
     head = MTPHead(head_config(model.config))
-    opt = torch.optim.AdamW(head.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    scale = s.backbone_lr / s.lr
+    opt = torch.optim.AdamW([{"params": list(head.parameters()), "weight_decay": 0.0, "scale": 1.0},
+                             {"params": decay, "weight_decay": s.weight_decay, "scale": scale},
+                             {"params": no_decay, "weight_decay": 0.0, "scale": scale}], lr=s.lr, betas=(0.9, 0.95))
     stream = data.token_stream("train", tokenizer())
     path = work_dir / "train_state.pt"
-    modules = {"model": head, "optimizer": opt}
+    modules = {"model": model, "head": head, "optimizer": opt}
     start, history = resume.load(path, modules, asdict(s))
     end = s.steps if stop_after is None else min(s.steps, stop_after)
+    model.train()
     head.train()
-    bar = tqdm(range(start, end), initial=start, total=s.steps, desc="stage 1: SFT head")
+    bar = tqdm(range(start, end), initial=start, total=s.steps, desc="stage 1: joint SFT (backbone + head)")
     for step in bar:
         x = data.random_windows(stream, s.batch, s.seq_len, s.seed, step)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, s)
-        res = joint_loss(model, head, x, s.depths, detach_backbone=True)
-        (res.loss - res.lm).backward()  # the LM term is a constant here: the backbone is frozen
-        torch.nn.utils.clip_grad_norm_(head.parameters(), s.grad_clip)
+            group["lr"] = lr_at(step, s) * group["scale"]
+        res = joint_loss(model, head, x, s.depths, s.mtp_weight)
+        res.loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], s.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        history.append({"ce": res.mtp.tolist(), "accuracy": res.mtp_accuracy.tolist()})
-        bar.set_postfix(ce1=f"{res.mtp[0]:.3f}", acc1=f"{res.mtp_accuracy[0]:.3f}")
+        history.append({"lm": res.lm.item(), "ce": res.mtp.tolist(), "accuracy": res.mtp_accuracy.tolist()})
+        bar.set_postfix(lm=f"{res.lm:.3f}", ce1=f"{res.mtp[0]:.3f}", acc1=f"{res.mtp_accuracy[0]:.3f}")
         if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
             resume.save(path, modules, step + 1, history, asdict(s))
+    model.eval()
     return head.eval(), history
+
+
+def pretrained_backbone(work_dir: Path):
+    """Stage 1's starting point: lightning-mini as `minispec.targets.train` left it (float32, trainable).
+    Once stage 1 has written its result into the same folder, only a resumable state in `work_dir` can
+    continue; starting over needs the pretraining rerun."""
+    from transformers import AutoModelForCausalLM
+
+    record = json.loads((SFT_FOLDER / "training.json").read_text())
+    if "previous_stage" in record and not (work_dir / "train_state.pt").exists():
+        raise ValueError(f"{SFT_FOLDER} already holds the joint SFT stage ({record['command']!r}); stage 1 "
+                         "starts from the pretrained model: run `python -m minispec.targets.train lightning-mini` first")
+    return AutoModelForCausalLM.from_pretrained(SFT_FOLDER, dtype=torch.float32)
 
 
 def save_head(head: MTPHead, folder: Path) -> None:
@@ -153,6 +178,8 @@ def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
     shifted slice with the LM loss. Returns the HF model (float32) and the loss history."""
     from transformers import AutoModelForCausalLM
 
+    from minispec.targets.replies import weights_digest
+
     torch.manual_seed(s.seed)
     model = AutoModelForCausalLM.from_pretrained(SFT_FOLDER, dtype=torch.float32)
     stream = shifted_stream(tokenizer())
@@ -162,6 +189,9 @@ def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
                              {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
     path = work_dir / "train_state.pt"
     modules = {"model": model, "optimizer": opt}
+    origin = weights_digest(model)
+    if resume.stored(path, "origin") not in (None, origin):
+        raise ValueError(f"{path} post-trains another stage-1 backbone (lightning-mini changed since); delete it")
     start, history = resume.load(path, modules, asdict(s))
     end = s.steps if stop_after is None else min(s.steps, stop_after)
     model.train()
@@ -178,7 +208,7 @@ def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
         history.append(loss.item())
         bar.set_postfix(loss=f"{sum(history[-10:]) / len(history[-10:]):.3f}")
         if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
-            resume.save(path, modules, step + 1, history, asdict(s))
+            resume.save(path, modules, step + 1, history, asdict(s), origin=origin)
     return model.eval(), history
 
 
@@ -214,7 +244,7 @@ def sample_replies(model, prompts: torch.Tensor, reply_len: int, temperature: fl
     return Replies(torch.cat(ids), torch.cat(masks))
 
 
-def corpus_replies(model, num: int = 128, prompt_len: int = 48, reply_len: int = 48, seed: int = 0):
+def corpus_replies(model, num: int = 512, prompt_len: int = 48, reply_len: int = 48, seed: int = 0):
     """Stage 3's data: `num` seeded train-split prompts and the model's T = 1 replies, cached on disk."""
     from minispec.targets.replies import Replies, weights_digest
 
@@ -229,6 +259,8 @@ def corpus_replies(model, num: int = 128, prompt_len: int = 48, reply_len: int =
 
 
 # -- stage 4 -------------------------------------------------------------------------------------
+SIGNAL_DEPTHS = 5
+EVAL_KS = (3, 7)  # the depth the heads train at, and Nemotron's / Nebius' drafting depth
 MODES = (("T=0", 0.0, False), ("T=1 sampled", 1.0, False), ("T=1 argmax", 1.0, True))
 
 
@@ -253,8 +285,10 @@ def acceptance(model, head: MTPHead, prompts: list[torch.Tensor], k: int = 3, ma
 
 
 @torch.no_grad()
-def signal(model, head: MTPHead, replies, depths: int = 3) -> dict[str, list[float]]:
-    """Per-depth KL(backbone ‖ head) and 1 − TV on reply tokens: the training signal, on held-out replies."""
+def signal(model, head: MTPHead, replies, depths: int = SIGNAL_DEPTHS) -> dict[str, list[float]]:
+    """Per-depth KL(backbone ‖ head) and 1 − TV on reply tokens, every depth reading the one before it as
+    when drafting: the training signal on held-out replies, past the 3 depths the heads train (Figure 6's
+    "later positions")."""
     from minispec.mtp.boost import boost_loss
 
     res = boost_loss(head, Backbone.of(model), replies.input_ids, depths, loss_mask=replies.loss_mask)
@@ -263,21 +297,41 @@ def signal(model, head: MTPHead, replies, depths: int = 3) -> dict[str, list[flo
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=("sft", "posttrain", "boost", "eval"))
+    p.add_argument("stage", choices=("sft", "posttrain", "boost", "eval", "hsm"))
     p.add_argument("--steps", type=int, help="override the stage's step count")
-    p.add_argument("--eval-prompts", type=int, default=20, help="eval-set prompts for stage 4 (batch 1 each)")
-    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--eval-prompts", type=int, default=48, help="eval-set prompts for stage 4 (batch 1 each)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--seeds", type=int, default=4, help="boosting seeds per arm for `hsm`")
     args = p.parse_args(argv)
-    {"sft": run_sft, "posttrain": run_posttrain, "boost": run_boost, "eval": run_eval}[args.stage](args)
+    {"sft": run_sft, "posttrain": run_posttrain, "boost": run_boost, "eval": run_eval, "hsm": run_hsm}[args.stage](args)
 
 
 def run_sft(args) -> None:
+    """Stage 1 writes its backbone and head into lightning-mini itself: the shipped lightning-mini *is*
+    the SFT stage, its pretraining record kept under `previous_stage`."""
+    from minispec.targets.train import evaluate
+
     s = SFTSettings() if args.steps is None else SFTSettings(steps=args.steps)
-    head, history = train_sft_head(load_backbone(), s, work_root() / "sft")
+    work_dir = work_root() / "sft-joint"
+    model = pretrained_backbone(work_dir)
+    head, history = train_sft(model, s, work_dir)
+    model = model.to(torch.bfloat16).to(torch.float32)  # measure the weights that ship (bf16)
+    val = evaluate(model, data.sequential_windows(data.token_stream("val", tokenizer()), 512, 64))
+    previous = json.loads((SFT_FOLDER / "training.json").read_text())
+    previous = previous.get("previous_stage", previous)  # rerun after the folder was written: keep pretraining's
+    model.to(torch.bfloat16).save_pretrained(SFT_FOLDER)
     save_head(head, SFT_FOLDER)
-    _record(SFT_FOLDER, "mtp_training.json", {"stage": "1: SFT head (frozen backbone, CE on corpus windows)",
-                                               "settings": asdict(s), "final": history[-1],
-                                               "parameters": sum(p.numel() for p in head.parameters())})
+    (SFT_FOLDER / "mtp_training.json").unlink(missing_ok=True)  # the frozen-backbone head's record, replaced
+    last = history[-20:]
+    _record(SFT_FOLDER, "training.json", {
+        "stage": "1: joint SFT, backbone + MTP head (LM CE + mtp_weight x per-depth CE) on train-split windows",
+        "settings": asdict(s), "val_loss": val["loss"], "val_accuracy": val["accuracy"],
+        "val_windows": "64 x 512 tokens from the val split (previous_stage's val_loss is on the same windows)",
+        "final_avg20": {"lm": sum(h["lm"] for h in last) / len(last),
+                        "ce": [sum(h["ce"][k] for h in last) / len(last) for k in range(s.depths)],
+                        "accuracy": [sum(h["accuracy"][k] for h in last) / len(last) for k in range(s.depths)]},
+        "head_parameters": sum(p.numel() for p in head.parameters()),
+        "lm_every_10": [h["lm"] for h in history[::10]], "previous_stage": previous})
 
 
 def run_posttrain(args) -> None:
@@ -296,10 +350,10 @@ def boost_runs(steps: int | None = None) -> dict:
     boosts the shipped head); "transfer" is the cheap version: the same head, 1/16 of the steps."""
     from minispec.mtp.train import BoostSettings
 
-    main_steps = 240 if steps is None else steps
-    return {"boost-hsm": BoostSettings(steps=main_steps, batch=6, depths=3, hsm=True, lr=2e-3, warmup=5),
-            "boost-nohsm": BoostSettings(steps=main_steps, batch=6, depths=3, hsm=False, lr=2e-3, warmup=5),
-            "transfer": BoostSettings(steps=max(1, main_steps // 16), batch=6, depths=3, hsm=True, lr=2e-3,
+    main_steps = 400 if steps is None else steps
+    return {"boost-hsm": BoostSettings(steps=main_steps, batch=8, depths=3, hsm=True, lr=2e-3, warmup=10),
+            "boost-nohsm": BoostSettings(steps=main_steps, batch=8, depths=3, hsm=False, lr=2e-3, warmup=10),
+            "transfer": BoostSettings(steps=max(1, main_steps // 16), batch=8, depths=3, hsm=True, lr=2e-3,
                                       warmup=2)}
 
 
@@ -327,7 +381,7 @@ def run_eval(args) -> None:
 
     prompts = ms.load_evalset().prompts[: args.eval_prompts]
     sft, post = load_backbone(SFT_FOLDER), load_backbone(POST_FOLDER)
-    held_out = corpus_replies(post, num=32, seed=1)
+    held_out = corpus_replies(post, num=64, seed=1)
     eval_ids = torch.stack([p[:64] for p in prompts])  # eval prompts hold >= 64 tokens
     shift = {"eval_prompts": distribution_shift(sft, post, eval_ids),
              "post_training_slice": distribution_shift(sft, post, data.random_windows(
@@ -335,17 +389,51 @@ def run_eval(args) -> None:
     heads = {"stage-1 (SFT) head": MTPHead.from_pretrained(SFT_FOLDER)}
     for name in boost_runs():
         heads[name] = MTPHead.from_pretrained(work_root() / "heads" / name)
-    rows = {"stage-1 head on stage-1 backbone": {**acceptance(sft, heads["stage-1 (SFT) head"], prompts, 3,
-                                                              args.max_new_tokens),
-                                                 "signal": signal(sft, heads["stage-1 (SFT) head"],
-                                                                  corpus_replies(sft, num=32, seed=1))}}
-    for name, head in tqdm(heads.items(), desc="stage 4: eval heads on the post-trained backbone"):
-        rows[f"{name} on post-trained backbone"] = {**acceptance(post, head, prompts, 3, args.max_new_tokens),
-                                                    "signal": signal(post, head, held_out)}
-    result = {"eval": f"first {len(prompts)} eval-set prompts, batch 1, K=3, {args.max_new_tokens} new tokens",
-              "distribution_shift_kl_new_old": shift, "rows": rows}
+    pairs = {"stage-1 head on stage-1 backbone": (sft, heads["stage-1 (SFT) head"])}
+    pairs.update({f"{name} on post-trained backbone": (post, head) for name, head in heads.items()})
+    rows = {f"K={k}": {} for k in EVAL_KS}
+    signals = {}
+    for name, (model, head) in tqdm(pairs.items(), desc="stage 4: eval"):
+        for k in EVAL_KS:
+            rows[f"K={k}"][name] = acceptance(model, head, prompts, k, args.max_new_tokens)
+        signals[name] = signal(model, head, held_out if model is post else corpus_replies(sft, num=64, seed=1))
+    result = {"eval": f"first {len(prompts)} eval-set prompts, batch 1, {args.max_new_tokens} new tokens; "
+                      f"signal: 64 held-out T = 1 replies of the backbone",
+              "distribution_shift_kl_new_old": shift, "rows": rows, "signal": signals}
     _record(POST_FOLDER, "mtp_eval.json", result)
     print(json.dumps(result, indent=1))
+
+
+def hsm_study(model, start: MTPHead, replies, held_out, seeds: int, runs: dict, work: Path) -> dict:
+    """HSM on vs off: `seeds` boosting runs per arm (`runs["boost-hsm"]`, `runs["boost-nohsm"]` with their
+    seed replaced; seed 0 is stage 3's own run), each from a copy of `start`. Returns per-depth 1 − TV on
+    `held_out` for every run and the paired difference (on − off, same seed) per depth: its mean and
+    standard error over seeds."""
+    import copy
+    from dataclasses import replace
+
+    from minispec.mtp.train import boost
+
+    signals = {"boost-hsm": [], "boost-nohsm": []}
+    for seed in range(seeds):
+        for name in signals:
+            head = copy.deepcopy(start)
+            folder = work / (name if seed == 0 else f"{name}-seed{seed}")
+            boost(head, model, replies, replace(runs[name], seed=seed), folder, desc=f"hsm study: {name} seed {seed}")
+            signals[name].append(signal(model, head, held_out)["one_minus_tv"])
+    diff = torch.tensor(signals["boost-hsm"]) - torch.tensor(signals["boost-nohsm"])  # [seeds, depths]
+    stderr = diff.std(0) / seeds ** 0.5 if seeds > 1 else torch.full_like(diff[0], float("nan"))
+    return {"one_minus_tv": signals, "hsm_minus_nohsm": {"mean": diff.mean(0).tolist(), "stderr": stderr.tolist()}}
+
+
+def run_hsm(args) -> None:
+    model = load_backbone(POST_FOLDER)
+    result = hsm_study(model, MTPHead.from_pretrained(SFT_FOLDER), corpus_replies(model),
+                       corpus_replies(model, num=64, seed=1), args.seeds, boost_runs(args.steps), work_root())
+    result = {"what": f"per-depth 1 - TV on 64 held-out T = 1 replies, depths 1..{SIGNAL_DEPTHS} (3 trained), "
+                      f"{args.seeds} boosting seeds per arm; seed 0 = the stage-3 runs", **result}
+    _record(POST_FOLDER, "mtp_hsm.json", result)
+    print(json.dumps(result["hsm_minus_nohsm"], indent=1))
 
 
 if __name__ == "__main__":

@@ -86,3 +86,29 @@ def al_table(rows: dict[str, dict], modes=("T=0", "T=1 sampled", "T=1 argmax")) 
         cells = [f"τ {row[m]['tau']:.2f} ({' '.join(f'{a:.2f}' for a in row[m]['per_position'])})" for m in modes]
         lines.append(f"{name:44s} " + " ".join(f"{c:>22s}" for c in cells))
     return "\n".join(lines)
+
+
+def hsm_gain(study: dict, trained_depths: int = 3, title: str = "hidden-state mixing: on − off, per depth"):
+    """study from minispec.mtp.stages.hsm_study: the paired per-depth difference in 1 − TV (mean ± one
+    standard error over seeds), with each seed's difference as a dot; depths past `trained_depths` shaded."""
+    import torch
+
+    diff = torch.tensor(study["one_minus_tv"]["boost-hsm"]) - torch.tensor(study["one_minus_tv"]["boost-nohsm"])
+    mean, stderr = study["hsm_minus_nohsm"]["mean"], study["hsm_minus_nohsm"]["stderr"]
+    depths = list(range(1, len(mean) + 1))
+    fig, ax = plt.subplots(figsize=(6, 3.2), layout="constrained")
+    plt.close(fig)
+    ax.axvspan(trained_depths + 0.5, len(depths) + 0.5, color="0.93", zorder=0)
+    ax.text(trained_depths + 0.6, 0.98, "not trained: drafting deeper", transform=ax.get_xaxis_transform(),
+            fontsize=7, va="top", color="0.4")
+    ax.bar(depths, mean, 0.6, yerr=stderr, capsize=4, color=PALETTE[0], label="mean ± s.e. over seeds")
+    for row in diff.tolist():
+        ax.plot(depths, row, "o", color=PALETTE[3], ms=3, alpha=0.7)
+    ax.plot([], [], "o", color=PALETTE[3], ms=3, label="one seed")
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.set_xticks(depths)
+    ax.set_xlabel("depth k (draft position)")
+    ax.set_ylabel("Δ (1 − TV)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return fig

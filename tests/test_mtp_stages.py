@@ -134,14 +134,16 @@ def test_hsm_study_pairs_seeds_and_resumes(tmp_path):
     prompts = torch.randint(3, 4096, (6, 8), generator=torch.Generator().manual_seed(2))
     replies = stages.sample_replies(model, prompts, 8, temperature=1.0)
     held_out = stages.sample_replies(model, prompts[:3], 8, temperature=1.0, seed=5)
-    runs = {name: BoostSettings(steps=2, batch=2, depths=2, hsm=hsm, warmup=1)
-            for name, hsm in (("boost-hsm", True), ("boost-nohsm", False))}
-    a = stages.hsm_study(model, start, replies, held_out, 2, runs, tmp_path)
-    on, off = torch.tensor(a["one_minus_tv"]["boost-hsm"]), torch.tensor(a["one_minus_tv"]["boost-nohsm"])
+    arms = {"boost-hsm": BoostSettings(steps=2, batch=2, depths=2, hsm=True, warmup=1),
+            "boost-depth1": BoostSettings(steps=2, batch=2, depths=1, hsm=False, warmup=1)}
+    a = stages.hsm_study(model, start, replies, held_out, 2, arms, tmp_path)
+    on, off = torch.tensor(a["one_minus_tv"]["boost-hsm"]), torch.tensor(a["one_minus_tv"]["boost-depth1"])
     assert on.shape == off.shape == (2, stages.SIGNAL_DEPTHS)
     assert ((on > 0) & (on < 1)).all() and not torch.equal(on[0], on[1])  # the seed changes the run
-    torch.testing.assert_close(torch.tensor(a["hsm_minus_nohsm"]["mean"]), (on - off).mean(0))
-    torch.testing.assert_close(torch.tensor(a["hsm_minus_nohsm"]["stderr"]), (on - off).std(0) / 2 ** 0.5)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["boost-hsm", "boost-hsm-seed1", "boost-nohsm",
-                                                          "boost-nohsm-seed1"]
-    assert stages.hsm_study(model, start, replies, held_out, 2, runs, tmp_path) == a  # resumed, not retrained
+    paired = a["paired"]["boost-hsm - boost-depth1"]
+    torch.testing.assert_close(torch.tensor(paired["mean"]), (on - off).mean(0))
+    torch.testing.assert_close(torch.tensor(paired["stderr"]), (on - off).std(0) / 2 ** 0.5)
+    assert list(a["paired"]) == ["boost-hsm - boost-depth1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["boost-depth1", "boost-depth1-seed1", "boost-hsm",
+                                                          "boost-hsm-seed1"]
+    assert stages.hsm_study(model, start, replies, held_out, 2, arms, tmp_path) == a  # resumed, not retrained

@@ -266,15 +266,25 @@ def test_importing_viz_does_not_import_matplotlib():
     assert out.stdout.split() == ["False", "False"]
 
 
-def test_hsm_gain_draws_the_paired_means_and_every_seed():
+def test_hsm_study_draws_each_arms_mean_and_standard_error_per_depth():
     from minispec.viz import mtp
 
-    study = {"one_minus_tv": {"boost-hsm": [[0.6, 0.5, 0.4], [0.62, 0.5, 0.45]],
-                              "boost-nohsm": [[0.6, 0.48, 0.38], [0.6, 0.49, 0.4]]},
-             "hsm_minus_nohsm": {"mean": [0.01, 0.015, 0.035], "stderr": [0.01, 0.005, 0.015]}}
-    fig = mtp.hsm_gain(study, trained_depths=2)
-    ax = fig.axes[0]
-    bars = next(c for c in ax.containers if hasattr(c, "patches"))
-    assert [round(b.get_height(), 6) for b in bars.patches] == [0.01, 0.015, 0.035]
-    dots = [line for line in ax.lines if line.get_marker() == "o" and len(line.get_xdata())]
-    assert len(dots) == 2 and [round(y, 6) for y in dots[1].get_ydata()] == [0.02, 0.01, 0.05]
+    study = {"one_minus_tv": {"boost-hsm": [[0.6, 0.5, 0.4], [0.62, 0.5, 0.44]],
+                              "boost-depth1": [[0.6, 0.4, 0.3], [0.6, 0.42, 0.3]]}}
+    ax = mtp.hsm_study(study, trained_depths=2).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["3 depths, HSM", "trained at depth 1 only"]
+    lines = [c.lines[0] for c in ax.containers]  # ErrorbarContainer: (data line, caps, bars)
+    assert [round(y, 6) for y in lines[0].get_ydata()] == [0.61, 0.5, 0.42]
+    assert [round(y, 6) for y in lines[1].get_ydata()] == [0.6, 0.41, 0.3]
+    low, high = ax.containers[0].lines[1]  # the caps: mean ∓ standard error (std 0.0141 / √2 seeds at depth 1)
+    assert round(float(high.get_ydata()[0]), 6) == 0.62 and round(float(low.get_ydata()[0]), 6) == 0.6
+
+
+def test_al_table_aligns_columns_of_any_width():
+    from minispec.viz import mtp
+
+    rows = {"short": {"T=0": {"tau": 2.0, "per_position": [0.5]}},
+            "long": {"T=0": {"tau": 3.456, "per_position": [0.9, 0.8, 0.75, 0.7, 0.6, 0.5, 0.4]}}}
+    lines = mtp.al_table(rows, modes=("T=0",)).splitlines()
+    assert len({len(line) for line in lines}) == 1  # right-aligned to one width
+    assert lines[1].endswith("τ 2.00 (0.50)") and lines[2].endswith("τ 3.46 (0.90 0.80 0.75 0.70 0.60 0.50 0.40)")

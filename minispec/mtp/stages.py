@@ -404,36 +404,50 @@ def run_eval(args) -> None:
     print(json.dumps(result, indent=1))
 
 
-def hsm_study(model, start: MTPHead, replies, held_out, seeds: int, runs: dict, work: Path) -> dict:
-    """HSM on vs off: `seeds` boosting runs per arm (`runs["boost-hsm"]`, `runs["boost-nohsm"]` with their
-    seed replaced; seed 0 is stage 3's own run), each from a copy of `start`. Returns per-depth 1 − TV on
-    `held_out` for every run and the paired difference (on − off, same seed) per depth: its mean and
-    standard error over seeds."""
+def hsm_arms(steps: int | None = None) -> dict:
+    """The arms of the HSM study: stage 3's two runs, and the same run trained at depth 1 only (depth 1 reads
+    the backbone's h, so deeper drafts read stand-ins training never showed: the mismatch HSM is for)."""
+    from dataclasses import replace
+
+    runs = boost_runs(steps)
+    return {"boost-hsm": runs["boost-hsm"], "boost-nohsm": runs["boost-nohsm"],
+            "boost-depth1": replace(runs["boost-nohsm"], depths=1)}
+
+
+def hsm_study(model, start: MTPHead, replies, held_out, seeds: int, arms: dict, work: Path) -> dict:
+    """`seeds` boosting runs per arm (`arms`: name -> BoostSettings, the seed replaced; seed 0 is stage 3's
+    own run where the name is stage 3's), each from a copy of `start`. Returns per-depth 1 − TV on
+    `held_out` for every run, and per other arm the paired difference (boost-hsm − arm, same seed) per
+    depth: its mean and standard error over seeds."""
     import copy
     from dataclasses import replace
 
     from minispec.mtp.train import boost
 
-    signals = {"boost-hsm": [], "boost-nohsm": []}
+    signals = {name: [] for name in arms}
     for seed in range(seeds):
-        for name in signals:
+        for name, settings in arms.items():
             head = copy.deepcopy(start)
             folder = work / (name if seed == 0 else f"{name}-seed{seed}")
-            boost(head, model, replies, replace(runs[name], seed=seed), folder, desc=f"hsm study: {name} seed {seed}")
+            boost(head, model, replies, replace(settings, seed=seed), folder, desc=f"hsm study: {name} seed {seed}")
             signals[name].append(signal(model, head, held_out)["one_minus_tv"])
-    diff = torch.tensor(signals["boost-hsm"]) - torch.tensor(signals["boost-nohsm"])  # [seeds, depths]
-    stderr = diff.std(0) / seeds ** 0.5 if seeds > 1 else torch.full_like(diff[0], float("nan"))
-    return {"one_minus_tv": signals, "hsm_minus_nohsm": {"mean": diff.mean(0).tolist(), "stderr": stderr.tolist()}}
+    paired = {}
+    for name in arms:
+        if name != "boost-hsm":
+            diff = torch.tensor(signals["boost-hsm"]) - torch.tensor(signals[name])  # [seeds, depths]
+            stderr = diff.std(0) / seeds ** 0.5 if seeds > 1 else torch.full_like(diff[0], float("nan"))
+            paired[f"boost-hsm - {name}"] = {"mean": diff.mean(0).tolist(), "stderr": stderr.tolist()}
+    return {"one_minus_tv": signals, "paired": paired}
 
 
 def run_hsm(args) -> None:
     model = load_backbone(POST_FOLDER)
     result = hsm_study(model, MTPHead.from_pretrained(SFT_FOLDER), corpus_replies(model),
-                       corpus_replies(model, num=64, seed=1), args.seeds, boost_runs(args.steps), work_root())
-    result = {"what": f"per-depth 1 - TV on 64 held-out T = 1 replies, depths 1..{SIGNAL_DEPTHS} (3 trained), "
-                      f"{args.seeds} boosting seeds per arm; seed 0 = the stage-3 runs", **result}
+                       corpus_replies(model, num=64, seed=1), args.seeds, hsm_arms(args.steps), work_root())
+    result = {"what": f"per-depth 1 - TV on 64 held-out T = 1 replies, depths 1..{SIGNAL_DEPTHS} (3 trained; "
+                      f"1 for boost-depth1), {args.seeds} boosting seeds per arm; seed 0 = the stage-3 runs", **result}
     _record(POST_FOLDER, "mtp_hsm.json", result)
-    print(json.dumps(result["hsm_minus_nohsm"], indent=1))
+    print(json.dumps(result["paired"], indent=1))
 
 
 if __name__ == "__main__":

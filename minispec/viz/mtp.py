@@ -81,34 +81,36 @@ def per_position(rows: dict[str, list[float]], title: str = "acceptance per draf
 def al_table(rows: dict[str, dict], modes=("T=0", "T=1 sampled", "T=1 argmax")) -> str:
     """A plain-text table of AL (τ) and per-position acceptance per head and mode
     (rows as returned by minispec.mtp.stages.acceptance, keyed by head name)."""
-    lines = [f"{'head':44s} " + " ".join(f"{m:>22s}" for m in modes)]
-    for name, row in rows.items():
-        cells = [f"τ {row[m]['tau']:.2f} ({' '.join(f'{a:.2f}' for a in row[m]['per_position'])})" for m in modes]
-        lines.append(f"{name:44s} " + " ".join(f"{c:>22s}" for c in cells))
+    cells = {name: [f"τ {row[m]['tau']:.2f} ({' '.join(f'{a:.2f}' for a in row[m]['per_position'])})" for m in modes]
+             for name, row in rows.items()}
+    widths = [max([len(m)] + [len(c[i]) for c in cells.values()]) for i, m in enumerate(modes)]
+    lines = [f"{'head':44s} " + "  ".join(f"{m:>{w}s}" for m, w in zip(modes, widths))]
+    lines += [f"{name:44s} " + "  ".join(f"{c:>{w}s}" for c, w in zip(row, widths)) for name, row in cells.items()]
     return "\n".join(lines)
 
 
-def hsm_gain(study: dict, trained_depths: int = 3, title: str = "hidden-state mixing: on − off, per depth"):
-    """study from minispec.mtp.stages.hsm_study: the paired per-depth difference in 1 − TV (mean ± one
-    standard error over seeds), with each seed's difference as a dot; depths past `trained_depths` shaded."""
+def hsm_study(study: dict, trained_depths: int = 3,
+              title: str = "expected acceptance (1 − TV) per depth, held-out replies"):
+    """study from minispec.mtp.stages.hsm_study: per arm, the mean over seeds of 1 − TV at each depth with
+    one standard error as a bar; depths past `trained_depths` (drafting deeper than training) shaded."""
     import torch
 
-    diff = torch.tensor(study["one_minus_tv"]["boost-hsm"]) - torch.tensor(study["one_minus_tv"]["boost-nohsm"])
-    mean, stderr = study["hsm_minus_nohsm"]["mean"], study["hsm_minus_nohsm"]["stderr"]
-    depths = list(range(1, len(mean) + 1))
-    fig, ax = plt.subplots(figsize=(6, 3.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.5, 3.4), layout="constrained")
     plt.close(fig)
+    labels = {"boost-depth1": "trained at depth 1 only", "boost-hsm": "3 depths, HSM",
+              "boost-nohsm": "3 depths, each reads the previous (no HSM)"}
+    for i, (name, runs) in enumerate(study["one_minus_tv"].items()):
+        values = torch.tensor(runs)  # [seeds, depths]
+        stderr = values.std(0) / len(values) ** 0.5 if len(values) > 1 else torch.zeros(values.shape[1])
+        depths = list(range(1, values.shape[1] + 1))
+        ax.errorbar(depths, values.mean(0).tolist(), yerr=stderr.tolist(), marker="o", ms=4, capsize=3,
+                    color=PALETTE[i % len(PALETTE)], label=labels.get(name, name))
     ax.axvspan(trained_depths + 0.5, len(depths) + 0.5, color="0.93", zorder=0)
-    ax.text(trained_depths + 0.6, 0.98, "not trained: drafting deeper", transform=ax.get_xaxis_transform(),
-            fontsize=7, va="top", color="0.4")
-    ax.bar(depths, mean, 0.6, yerr=stderr, capsize=4, color=PALETTE[0], label="mean ± s.e. over seeds")
-    for row in diff.tolist():
-        ax.plot(depths, row, "o", color=PALETTE[3], ms=3, alpha=0.7)
-    ax.plot([], [], "o", color=PALETTE[3], ms=3, label="one seed")
-    ax.axhline(0, color="0.3", lw=0.8)
+    ax.text(trained_depths + 0.6, 0.04, "deeper than the 3-depth runs trained", transform=ax.get_xaxis_transform(), fontsize=7,
+            color="0.4")
     ax.set_xticks(depths)
     ax.set_xlabel("depth k (draft position)")
-    ax.set_ylabel("Δ (1 − TV)")
+    ax.set_ylabel("1 − TV (mean over seeds)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     return fig

@@ -106,6 +106,10 @@ def test_shipped_heads_are_mtp_named_fit_and_greedy_equals_ar(shipped):
     assert all(k.startswith("mtp.layers.") for k in names) and "mtp.layers.0.eh_proj.weight" in names
     check_head_fits(stale, Backbone.of(sft))
     check_head_fits(boosted, Backbone.of(post))
+    for name in stages.boost_runs():  # every stage-3 head ships (boost-hsm is `boosted`, beside its backbone)
+        head = MTPHead.from_pretrained(stages.head_folder(name))
+        check_head_fits(head, Backbone.of(post))
+        assert json.loads((stages.head_folder(name) / "mtp_training.json").read_text())["stage"].startswith(f"3: {name}")
     prompt = ms.load_evalset().prompts[0][None]
     for model, head in ((sft, stale), (post, boosted)):
         out = ms.speculative_generate(model, MTPDrafter(head, model, 3), prompt, 20)

@@ -357,6 +357,12 @@ def boost_runs(steps: int | None = None) -> dict:
                                       warmup=2)}
 
 
+def head_folder(name: str) -> Path:
+    """Where stage 3's head `name` ships: the boosted HSM head beside its backbone (`mtp.*`), the others
+    under `mtp-heads/`."""
+    return POST_FOLDER if name == "boost-hsm" else POST_FOLDER / "mtp-heads" / name
+
+
 def run_boost(args) -> None:
     from minispec.mtp.train import boost
 
@@ -365,14 +371,11 @@ def run_boost(args) -> None:
     for name, s in boost_runs(args.steps).items():
         head = MTPHead.from_pretrained(SFT_FOLDER)
         history = boost(head, model, replies, s, work_root() / name, desc=f"stage 3: {name}")
-        folder = work_root() / "heads" / name
+        folder = head_folder(name)
         save_head(head, folder)
-        _record(folder, "mtp_training.json", {"stage": f"3: {name}", "settings": asdict(s), "final": history[-1],
+        _record(folder, "mtp_training.json", {"stage": f"3: {name} on this backbone", "settings": asdict(s),
+                                              "final": history[-1],
                                               "acceptance_every_10": [h["acceptance"] for h in history[::10]]})
-        if name == "boost-hsm":
-            save_head(head, POST_FOLDER)
-            _record(POST_FOLDER, "mtp_training.json", {"stage": "3: boosted (HSM) on this backbone",
-                                                       "settings": asdict(s), "final": history[-1]})
 
 
 def run_eval(args) -> None:
@@ -388,7 +391,7 @@ def run_eval(args) -> None:
                  shifted_stream(tokenizer()), 16, 128, 1, step=-3))}
     heads = {"stage-1 (SFT) head": MTPHead.from_pretrained(SFT_FOLDER)}
     for name in boost_runs():
-        heads[name] = MTPHead.from_pretrained(work_root() / "heads" / name)
+        heads[name] = MTPHead.from_pretrained(head_folder(name))
     pairs = {"stage-1 head on stage-1 backbone": (sft, heads["stage-1 (SFT) head"])}
     pairs.update({f"{name} on post-trained backbone": (post, head) for name, head in heads.items()})
     rows = {f"K={k}": {} for k in EVAL_KS}

@@ -9,6 +9,8 @@
                                                  frozen backbone, its own T = 1 replies, per-depth KL,
                                                  hidden-state mixing on (shipped), off, and a short top-up
     python -m minispec.mtp.stages eval        4. every head at T = 0 and T = 1 (sampled and argmax drafts)
+    python -m minispec.mtp.stages hsm         4b. HSM per depth: stage 3's runs over several seeds, beside
+                                                 the same run trained at depth 1 only
 
 Stage 1 starts from `python -m minispec.targets.train lightning-mini`'s output and overwrites that folder,
 keeping the pretraining record under `previous_stage` in training.json. Every stage is seeded, shows

@@ -151,3 +151,16 @@ def test_hsm_study_pairs_seeds_and_resumes(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["boost-depth1", "boost-depth1-seed1", "boost-hsm",
                                                           "boost-hsm-seed1"]
     assert stages.hsm_study(model, start, replies, held_out, 2, arms, tmp_path) == a  # resumed, not retrained
+
+
+def test_shipped_heads_reproduce_their_recorded_signal(shipped):
+    """docs/benchmarks.md and notebook 03 quote mtp_eval.json; the shipped heads must still give its numbers
+    (held-out replies are resampled here, seeded, so a near-tie flipping a token may move them a little)."""
+    post = shipped[1]
+    held_out = stages.corpus_replies(post, num=64, seed=1)
+    recorded = json.loads((stages.POST_FOLDER / "mtp_eval.json").read_text())["signal"]
+    for name in stages.boost_runs():
+        measured = stages.signal(post, MTPHead.from_pretrained(stages.head_folder(name)), held_out)
+        expected = recorded[f"{name} on post-trained backbone"]
+        torch.testing.assert_close(torch.tensor(measured["one_minus_tv"]), torch.tensor(expected["one_minus_tv"]),
+                                   atol=5e-3, rtol=0)

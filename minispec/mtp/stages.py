@@ -262,7 +262,7 @@ def corpus_replies(model, num: int = 512, prompt_len: int = 48, reply_len: int =
 
 # -- stage 4 -------------------------------------------------------------------------------------
 SIGNAL_DEPTHS = 5
-EVAL_KS = (3, 7)  # the depth the heads train at, and Nemotron's / Nebius' drafting depth
+EVAL_KS = (3, 7)  # the depth the heads train at, and the issue's / Nebius' drafting depth
 MODES = (("T=0", 0.0, False), ("T=1 sampled", 1.0, False), ("T=1 argmax", 1.0, True))
 
 

@@ -33,7 +33,7 @@ from minispec.dflash.model import DFlashDraftModel, num_parameters
 from minispec.targets import corpus, data
 from minispec.targets.load import CHECKPOINTS, load_target
 from minispec.targets.replies import Replies, generate_replies
-from minispec.targets.train import lr_at  # the same warmup + cosine schedule as the targets
+from minispec.targets.train import lr_at, weight_decay_groups  # the schedule and AdamW groups of the targets
 
 
 @dataclass
@@ -134,10 +134,7 @@ def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor | Replies,
 
 def make_optimizer(drafter: DFlashDraftModel, s: Settings) -> torch.optim.AdamW:
     params = [p for p in drafter.parameters() if p.requires_grad]  # the drafter's own weights only
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(weight_decay_groups(params, s.weight_decay), lr=s.lr, betas=(0.9, 0.95))
 
 
 def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s: Settings, work_dir: Path,

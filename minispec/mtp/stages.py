@@ -19,11 +19,12 @@ tqdm, and resumes from `train_state.pt` in its work dir.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ from minispec.mtp.head import MTPConfig, MTPHead
 from minispec.mtp.sft import joint_loss
 from minispec.targets import corpus, data
 from minispec.targets.load import CHECKPOINTS
-from minispec.targets.train import lr_at
+from minispec.targets.train import lr_at, weight_decay_groups
 
 SFT_FOLDER = CHECKPOINTS / "lightning-mini"  # the stage-1 head lives beside its backbone (mtp.*)
 POST_FOLDER = CHECKPOINTS / "lightning-mini-post"  # the post-trained backbone + its boosted head
@@ -109,12 +110,9 @@ def train_sft(model, s: SFTSettings, work_dir: Path, stop_after: int | None = No
     head = MTPHead(head_config(model.config))
     for p in model.parameters():
         p.requires_grad_(True)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    scale = s.backbone_lr / s.lr
-    opt = torch.optim.AdamW([{"params": list(head.parameters()), "weight_decay": 0.0, "scale": 1.0},
-                             {"params": decay, "weight_decay": s.weight_decay, "scale": scale},
-                             {"params": no_decay, "weight_decay": 0.0, "scale": scale}], lr=s.lr, betas=(0.9, 0.95))
+    backbone = [{**g, "scale": s.backbone_lr / s.lr} for g in weight_decay_groups(model.parameters(), s.weight_decay)]
+    opt = torch.optim.AdamW([{"params": list(head.parameters()), "weight_decay": 0.0, "scale": 1.0}, *backbone],
+                            lr=s.lr, betas=(0.9, 0.95))
     stream = data.token_stream("train", tokenizer())
     path = work_dir / "train_state.pt"
     modules = {"model": model, "head": head, "optimizer": opt}
@@ -155,9 +153,9 @@ def pretrained_backbone(work_dir: Path):
 
 def save_head(head: MTPHead, folder: Path) -> None:
     """bf16 on disk, as every shipped checkpoint (the head is loaded back in the backbone's dtype)."""
-    copy = MTPHead(head.config)
-    copy.load_state_dict(head.state_dict())
-    copy.to(torch.bfloat16).save_pretrained(folder)
+    shipped = MTPHead(head.config)
+    shipped.load_state_dict(head.state_dict())
+    shipped.to(torch.bfloat16).save_pretrained(folder)
 
 
 # -- stage 2 -------------------------------------------------------------------------------------
@@ -185,10 +183,7 @@ def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
     torch.manual_seed(s.seed)
     model = AutoModelForCausalLM.from_pretrained(SFT_FOLDER, dtype=torch.float32)
     stream = shifted_stream(tokenizer())
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(weight_decay_groups(model.parameters(), s.weight_decay), lr=s.lr, betas=(0.9, 0.95))
     path = work_dir / "train_state.pt"
     modules = {"model": model, "optimizer": opt}
     origin = weights_digest(model)
@@ -412,8 +407,6 @@ def run_eval(args) -> None:
 def hsm_arms(steps: int | None = None) -> dict:
     """The arms of the HSM study: stage 3's two runs, and the same run trained at depth 1 only (depth 1 reads
     the backbone's h, so deeper drafts read stand-ins training never showed: the mismatch HSM is for)."""
-    from dataclasses import replace
-
     runs = boost_runs(steps)
     return {"boost-hsm": runs["boost-hsm"], "boost-nohsm": runs["boost-nohsm"],
             "boost-depth1": replace(runs["boost-nohsm"], depths=1)}
@@ -424,9 +417,6 @@ def hsm_study(model, start: MTPHead, replies, held_out, seeds: int, arms: dict, 
     own run where the name is stage 3's), each from a copy of `start`. Returns per-depth 1 − TV on
     `held_out` for every run, and per other arm the paired difference (boost-hsm − arm, same seed) per
     depth: its mean and standard error over seeds."""
-    import copy
-    from dataclasses import replace
-
     from minispec.mtp.train import boost
 
     signals = {name: [] for name in arms}

@@ -57,6 +57,13 @@ def lr_at(step: int, s: Settings) -> float:
     return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def weight_decay_groups(params, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: weight decay on matrices (dim >= 2), none on norms, biases and gains."""
+    params = list(params)
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
 @torch.no_grad()
 def evaluate(model, windows: torch.Tensor, batch: int = 8) -> dict[str, float]:
     """Mean next-token loss (nats) and argmax accuracy over `[n, L]` windows."""
@@ -82,12 +89,7 @@ def train(name: str, out: Path, work_dir: Path, s: Settings) -> dict:
     val_windows = data.sequential_windows(data.token_stream("val", tok), s.seq_len, s.eval_windows)
 
     model = AutoModelForCausalLM.from_config(CONFIGS[name]())
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=s.lr, betas=(0.9, 0.95),
-    )
+    opt = torch.optim.AdamW(weight_decay_groups(model.parameters(), s.weight_decay), lr=s.lr, betas=(0.9, 0.95))
     ckpt_path = work_dir / "train_state.pt"
     modules = {"model": model, "optimizer": opt}
     start, history = resume.load(ckpt_path, modules, asdict(s))

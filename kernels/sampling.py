@@ -1,6 +1,6 @@
 """Temperature, top-k and top-p in one Triton kernel, without sorting.
 
-Kernel for `minispec.spec.sampling.sampling_probs`, with the same signature and the same kept sets.
+Kernel for `minispec.speculative.sampling.sampling_probs`, with the same signature and the same kept sets.
 
 One program owns one row of logits and streams it in BLOCK-wide chunks, so any vocabulary size
 works (V = 262,144 included) without holding the row in registers. Sorting a row that long for every
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minispec.spec.sampling import check_logits, check_sampling_args
+from minispec.speculative.sampling import check_logits, check_sampling_args
 
 MAX_BLOCK = 1024
 

@@ -1,6 +1,6 @@
 """Exact speculative verification in one Triton kernel: one program per row of the batch.
 
-Kernel for `minispec.spec.verify.verify`, with the same signature; given the same uniforms it accepts
+Kernel for `minispec.speculative.verify.verify`, with the same signature; given the same uniforms it accepts
 the same drafts and emits the same tokens.
 
 A program walks its row's drafts in order, reading only p_k(x_k) and q_k(x_k), two numbers per draft,
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minispec.spec.verify import PAD, VerifyResult, prepare_verify_args
+from minispec.speculative.verify import PAD, VerifyResult, prepare_verify_args
 
 MAX_BLOCK_V = 2048
 
@@ -119,7 +119,7 @@ def _verify_kernel(draft_ptr, p_ptr, q_ptr, u_ptr, lengths_ptr,  # inputs
 def verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor | None = None,
            uniforms: torch.Tensor | None = None, draft_lengths: torch.Tensor | None = None,
            eos_token_id: int | None = None, generator: torch.Generator | None = None) -> VerifyResult:
-    """Same arguments and result as the reference `minispec.spec.verify.verify`."""
+    """Same arguments and result as the reference `minispec.speculative.verify.verify`."""
     x, p, q, u, K_b = prepare_verify_args(draft_tokens, target_probs, draft_probs, uniforms, draft_lengths,
                                           generator)
     B, K = x.shape

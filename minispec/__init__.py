@@ -13,8 +13,8 @@ from minispec.backend import enable_interpreter_if_needed
 enable_interpreter_if_needed()
 
 from minispec.drafters import load_drafter  # noqa: E402
-from minispec.spec.autoregressive import Generation, autoregressive_generate  # noqa: E402
-from minispec.spec.speculative import SpecGeneration, speculative_generate  # noqa: E402
+from minispec.speculative.autoregressive import Generation, autoregressive_generate  # noqa: E402
+from minispec.speculative.speculative import SpecGeneration, speculative_generate  # noqa: E402
 from minispec.targets.evalset import load_evalset  # noqa: E402
 from minispec.targets.load import load_target  # noqa: E402
 

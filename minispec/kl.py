@@ -13,7 +13,7 @@ temperatures); callers that want it multiply the loss themselves.
 
 The reference below forms two full float32 log-softmaxes, [..., V] each. At V = 262,144 that is
 1 MiB per token per tensor, several copies deep once autograd keeps them for the backward. The Triton
-kernel (kernels/fused_kl.py, chosen by minispec.backend) streams the vocabulary in chunks with an online
+kernel (kernels/kl.py, chosen by minispec.backend) streams the vocabulary in chunks with an online
 log-sum-exp instead, and keeps only a few float32 numbers per row.
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ def reduce_rows(kl: torch.Tensor, reduction: str) -> torch.Tensor:
     return kl.mean() if reduction == "mean" else kl
 
 
-@dispatch("fused_kl:kl_divergence")
+@dispatch("kl:kl_divergence")
 def kl_divergence(teacher_logits: torch.Tensor, student_logits: torch.Tensor, temperature: float = 1.0,
                   reduction: str = "mean") -> torch.Tensor:
     """KL(softmax(teacher / T) ‖ softmax(student / T)) per row.

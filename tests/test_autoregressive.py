@@ -3,7 +3,7 @@ import torch
 from tiny import save_with_tokenizer, tiny_gemma
 
 import minispec as ms
-from minispec.spec.batch import as_prompt_batch
+from minispec.speculative.batch import as_prompt_batch
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minispec import backend
-from minispec.dflash.model import dflash_attention, masked_attention
+from minispec.dflash.attention import dflash_attention, masked_attention
 
 ATOL = 1e-5
 TOL_16 = dict(atol=2e-2, rtol=2e-2)
@@ -175,7 +175,7 @@ def test_dispatch_follows_minispec_backend(monkeypatch, name, reference_runs):
         ran.append(True)
         return torch.zeros_like(q)
 
-    fn = backend.dispatch("dflash_attention:dflash_attention")(fake_reference)
+    fn = backend.dispatch("attention:dflash_attention")(fake_reference)
     monkeypatch.setenv("MINISPEC_BACKEND", name)
     args = random_inputs(1, 4, 2, 1, 16, [5])
     out = fn(*args, None)
@@ -193,8 +193,8 @@ def test_the_drafter_runs_the_kernel_in_the_speculative_loop(monkeypatch):
     from minispec.dflash.config import DFlashConfig
     from minispec.dflash.drafter import DFlashDrafter
     from minispec.dflash.model import DFlashDraftModel
-    from minispec.spec.batch import as_prompt_batch
-    from minispec.spec.target import HFTarget
+    from minispec.speculative.batch import as_prompt_batch
+    from minispec.speculative.target import HFTarget
 
     target = tiny_gemma(layers=6, window=16, seed=0)
     config = DFlashConfig.for_target(target.config, [1, 4], 3, hidden_size=64, intermediate_size=128,

@@ -6,9 +6,9 @@ from tiny import assert_same_as_ar, tiny_gemma
 
 import minispec as ms
 from minispec import costs
-from minispec.dflash import lessons
+from minispec.lessons import dflash as lessons
 from minispec.dflash import mask as dmask
-from minispec.dflash.bench import TimedDrafter, acceptance, side_by_side
+from minispec.bench.dflash import TimedDrafter, acceptance, side_by_side
 from minispec.dflash.config import DFlashConfig
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.dflash.model import DFlashDraftModel
@@ -92,7 +92,7 @@ def test_param_budget_shares():
 
 
 def test_argmax_ceiling(target):
-    from minispec.dflash.bench import argmax_ceiling
+    from minispec.bench.dflash import argmax_ceiling
     ps = prompts(2)
     assert argmax_ceiling(target, ps, 6, temperature=0.0, K=5, starts=2) == pytest.approx(6.0)
     # A random tiny model is nearly uniform over 4,096 tokens: at T = 1 nothing gets accepted.

@@ -26,8 +26,8 @@ from minispec.dflash.config import DFlashConfig, bolt_mini_dflash_config, mask_t
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.dflash.export import hf_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
-from minispec.spec.batch import as_prompt_batch
-from minispec.spec.target import HFTarget
+from minispec.speculative.batch import as_prompt_batch
+from minispec.speculative.target import HFTarget
 from minispec.targets.load import CHECKPOINTS
 
 SLIDING, FULL = "sliding_attention", "full_attention"

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from minispec import kl
 
-fused_kl = pytest.importorskip("minispec.kernels.fused_kl")
+fused_kl = pytest.importorskip("minispec.kernels.kl")
 
 V = 300  # not a multiple of the 64-wide chunks used below: the last chunk is ragged
 BLOCK_V = 64
@@ -204,7 +204,7 @@ COMPILE_FOR_H100 = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import minispec.kernels.fused_kl as fk
+import minispec.kernels.kl as fk
 target = GPUTarget("cuda", 90, 32)
 for dt in ("bf16", "fp32"):
     fwd = {"t_ptr": "*" + dt, "s_ptr": "*" + dt, "kl_ptr": "*fp32", "lse_ptr": "*fp32", "bad_ptr": "*i32",

@@ -1,4 +1,4 @@
-"""The teaching pieces of notebook 01 (minispec/viz/lessons.py): the statistics they show are right,
+"""The teaching pieces of notebook 01 (minispec/lessons/speculative_sampling.py): the statistics they show are right,
 the widget redraws when a slider moves, and the cost-model curve is the cost model."""
 import json
 from pathlib import Path
@@ -12,12 +12,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from tiny import tiny_gemma  # noqa: E402
 
-from minispec import costs, viz  # noqa: E402
+from minispec import costs  # noqa: E402
 from minispec.drafters import DraftLMDrafter, NGramDrafter  # noqa: E402
-from minispec.spec.autoregressive import autoregressive_generate  # noqa: E402
-from minispec.spec.sampling import sampling_probs  # noqa: E402
-from minispec.spec.verify import verify  # noqa: E402
-from minispec.viz import lessons  # noqa: E402
+from minispec.speculative.autoregressive import autoregressive_generate  # noqa: E402
+from minispec.speculative.sampling import sampling_probs  # noqa: E402
+from minispec.speculative.verify import verify  # noqa: E402
+from minispec.lessons import speculative_sampling as lessons  # noqa: E402
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_speculative_sampling.ipynb"
 
@@ -115,7 +115,7 @@ def test_figures_draw_what_the_draws_say():
 
 
 def test_explorer_redraws_when_a_slider_moves():
-    explorer = viz.acceptance_explorer(V=6, n=1000, seed=0)
+    explorer = lessons.acceptance_explorer(V=6, n=1000, seed=0)
     c = explorer.controls
     image, readout, q, draws = explorer.image.value, explorer.readout.value, explorer.q, explorer.draws
     assert image[:8] == b"\x89PNG\r\n\x1a\n"
@@ -148,7 +148,7 @@ def test_speedup_curve_is_the_cost_model():
     for c_d in draft_costs:
         assert table[c_d] == pytest.approx([costs.speedup(t, 2.0, c_d, 2.2) for t in taus])
 
-    fig = viz.speedup_curve(draft_costs=(0.0, 0.5), c_target=1.0, c_verify=1.1, max_tau=5.0,
+    fig = lessons.speedup_curve(draft_costs=(0.0, 0.5), c_target=1.0, c_verify=1.1, max_tau=5.0,
                             marks={"n-gram": (2.0, 0.0)})
     ax = fig.axes[0]
     lines = {line.get_label(): line for line in ax.get_lines() if line.get_label().startswith("C_d")}

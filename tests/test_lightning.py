@@ -84,7 +84,7 @@ def test_shipped_model_loads_in_transformers_with_the_same_logits(shipped):
 def test_shipped_greedy_generation_equals_transformers(shipped):
     hf, model, _ = shipped
     for prompt in ms.load_evalset().prompts[:2]:
-        ours = model.generate(prompt[None], 32)
+        ours = ms.autoregressive_generate(model, prompt, 32).tokens
         theirs = hf.generate(prompt[None], max_new_tokens=32, do_sample=False)[:, prompt.numel():]
         assert torch.equal(ours, theirs)
 
@@ -93,7 +93,13 @@ def test_shipped_greedy_generation_equals_transformers(shipped):
 def autoregressive(shipped):
     _, model, _ = shipped
     prompt = ms.load_evalset().prompts[5][None]
-    ar = {s: model.generate(prompt, 40, strategy=s) for s in ("replay", "per-position")}
+    ar = {}
+    try:
+        for strategy in ("replay", "per-position"):
+            model.spec_strategy = strategy
+            ar[strategy] = ms.autoregressive_generate(model, prompt, 40).tokens
+    finally:
+        model.spec_strategy = "replay"
     assert torch.equal(ar["replay"], ar["per-position"])
     return prompt, ar["replay"]
 

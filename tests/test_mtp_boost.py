@@ -110,7 +110,7 @@ def test_stand_in_gap_is_zero_at_depth_one_only(setup):
 
 
 def test_loss_and_gradient_through_the_fused_kl_kernel(setup, monkeypatch):
-    fused_kl = pytest.importorskip("minispec.kernels.fused_kl")
+    fused_kl = pytest.importorskip("minispec.kernels.kl")
     _, head, backbone, ids = setup
     calls = []
     real = fused_kl._FusedKL.apply

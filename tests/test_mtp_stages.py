@@ -36,7 +36,7 @@ def test_greedy_replies_are_the_models_own_greedy_continuation():
     mask = replies.loss_mask[:, 9:].bool()
     assert not replies.loss_mask[:, :9].any()
     for row in range(5):
-        expected = model.generate(prompts[row: row + 1], 7)[0]
+        expected = ms.autoregressive_generate(model, prompts[row: row + 1], 7).tokens[0]
         n = int(mask[row].sum())
         assert torch.equal(reply[row, :n], expected[:n])
         eos = (expected == 1).nonzero()
@@ -113,7 +113,7 @@ def test_shipped_heads_are_mtp_named_fit_and_greedy_equals_ar(shipped):
     prompt = ms.load_evalset().prompts[0][None]
     for model, head in ((sft, stale), (post, boosted)):
         out = ms.speculative_generate(model, MTPDrafter(head, model, 3), prompt, 20)
-        assert torch.equal(out.tokens[0], model.generate(prompt, 20)[0])
+        assert torch.equal(out.tokens[0], ms.autoregressive_generate(model, prompt, 20).tokens[0])
 
 
 def test_post_training_moved_the_backbone_and_boosting_caught_up(shipped):

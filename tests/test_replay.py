@@ -202,7 +202,7 @@ def test_replay_writes_at_least_4x_fewer_state_bytes_at_T4():
 
 
 def test_step_log_and_timeline():
-    from minispec.viz.replay import replay_timeline, step_log
+    from minispec.lessons.mamba_replay import replay_timeline, step_log
     m = mixer(torch.float32)
     stores = [CheckpointReplay(m, m.init_state(1), capacity=8), PerPositionStates(m, m.init_state(1))]
     for s in stores:
@@ -219,7 +219,7 @@ def test_step_log_and_timeline():
 
 
 def test_bench_bytes_table():
-    from minispec.ssm.bench import bytes_rows
+    from minispec.bench.replay import bytes_rows
     rows = bytes_rows()
     assert [(r["shape"], r["T"]) for r in rows] == [(s, T) for s in ("Super", "lightning-mini") for T in (2, 4, 7)]
     assert all(r["write_ratio"] >= 4 for r in rows if r["T"] == 4)

@@ -14,7 +14,7 @@ import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from minispec import backend
-from minispec.spec.sampling import (check_sampling_args, greedy, next_token, sample, sampling_probs,
+from minispec.speculative.sampling import (check_sampling_args, greedy, next_token, sample, sampling_probs,
                                     top_p_mask)
 
 ATOL = 1e-6
@@ -245,7 +245,7 @@ def test_forced_triton_without_triton_says_why(monkeypatch):
 def test_kernel_compiled_for_gpu_refuses_cpu_tensors(tmp_path):
     # An explicit TRITON_INTERPRET=0 wins over MINISPEC_BACKEND=triton, so the kernel is compiled.
     env = {**os.environ, "MINISPEC_BACKEND": "triton", "TRITON_INTERPRET": "0"}
-    code = ("import torch; from minispec.spec.sampling import sampling_probs;"
+    code = ("import torch; from minispec.speculative.sampling import sampling_probs;"
             "sampling_probs(torch.zeros(2, 5))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode != 0 and "set TRITON_INTERPRET=1 before importing minispec" in out.stderr

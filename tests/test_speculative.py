@@ -5,8 +5,8 @@ from tiny import assert_same_as_ar, tiny_gemma
 import minispec as ms
 from minispec.drafters import DraftLMDrafter, NGramDrafter
 from minispec.drafters.ngram import lookup
-from minispec.spec.batch import as_prompt_batch
-from minispec.spec.target import HFTarget
+from minispec.speculative.batch import as_prompt_batch
+from minispec.speculative.target import HFTarget
 
 
 @pytest.fixture(scope="module")

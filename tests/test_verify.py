@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minispec.spec.sampling import sampling_probs
-from minispec.spec.verify import VerifyResult, acceptance_probability, draw_uniforms, inverse_cdf, verify
+from minispec.speculative.sampling import sampling_probs
+from minispec.speculative.verify import VerifyResult, acceptance_probability, draw_uniforms, inverse_cdf, verify
 
 IMPLS = {"reference": verify.reference, "kernel": verify.kernel}
 CUDA = torch.cuda.is_available()

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from minispec.spec.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token  # noqa: E402
+from minispec.speculative.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token  # noqa: E402
 from minispec.targets.load import CHECKPOINTS  # noqa: E402
 from minispec.viz import (AnsiStrip, LivePlot, TokenStrip, acceptance_vs_temperature,  # noqa: E402
                           ansi_strip, distribution_pair, per_position_acceptance, tau_histogram)
@@ -267,7 +267,7 @@ def test_importing_viz_does_not_import_matplotlib():
 
 
 def test_hsm_study_draws_each_arms_mean_and_standard_error_per_depth():
-    from minispec.viz import mtp
+    from minispec.lessons import mtp_boosting as mtp
 
     study = {"one_minus_tv": {"boost-hsm": [[0.6, 0.5, 0.4], [0.62, 0.5, 0.44]],
                               "boost-depth1": [[0.6, 0.4, 0.3], [0.6, 0.42, 0.3]]}}
@@ -281,7 +281,7 @@ def test_hsm_study_draws_each_arms_mean_and_standard_error_per_depth():
 
 
 def test_al_table_aligns_columns_of_any_width():
-    from minispec.viz import mtp
+    from minispec.lessons import mtp_boosting as mtp
 
     rows = {"short": {"T=0": {"tau": 2.0, "per_position": [0.5]}},
             "long": {"T=0": {"tau": 3.456, "per_position": [0.9, 0.8, 0.75, 0.7, 0.6, 0.5, 0.4]}}}

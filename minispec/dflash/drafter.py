@@ -19,8 +19,8 @@ import torch
 
 from minispec.drafters.base import Proposal, Sampling
 from minispec.dflash.model import DFlashCache, DFlashDraftModel
-from minispec.spec.batch import PromptBatch
-from minispec.spec.target import TargetOutput
+from minispec.speculative.batch import PromptBatch
+from minispec.speculative.target import TargetOutput
 
 
 class DFlashDrafter:

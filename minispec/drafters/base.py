@@ -15,8 +15,8 @@ from typing import Protocol
 
 import torch
 
-from minispec.spec.batch import PromptBatch
-from minispec.spec.target import TargetOutput
+from minispec.speculative.batch import PromptBatch
+from minispec.speculative.target import TargetOutput
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from minispec.drafters.base import Proposal, Sampling
-from minispec.spec import sampling as smp
-from minispec.spec.batch import PromptBatch
-from minispec.spec.target import HFTarget, TargetOutput
+from minispec.speculative import sampling as smp
+from minispec.speculative.batch import PromptBatch
+from minispec.speculative.target import HFTarget, TargetOutput
 
 
 class DraftLMDrafter:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from minispec.drafters.base import Proposal, Sampling
-from minispec.spec.batch import PromptBatch
-from minispec.spec.target import TargetOutput
+from minispec.speculative.batch import PromptBatch
+from minispec.speculative.target import TargetOutput
 
 
 def lookup(history: list[int], k: int, max_n: int, min_n: int) -> list[int]:

@@ -24,9 +24,9 @@ import torch
 from minispec.drafters.base import Proposal, Sampling
 from minispec.mtp.backbone import Backbone, check_head_fits
 from minispec.mtp.head import MTPCache, MTPHead
-from minispec.spec import sampling as smp
-from minispec.spec.batch import PromptBatch
-from minispec.spec.target import TargetOutput
+from minispec.speculative import sampling as smp
+from minispec.speculative.batch import PromptBatch
+from minispec.speculative.target import TargetOutput
 
 
 def check_k(k) -> None:

@@ -216,7 +216,7 @@ def sample_replies(model, prompts: torch.Tensor, reply_len: int, temperature: fl
     """prompts [n, P] -> `Replies` (prompt ++ the model's own reply, loss mask on the reply up to and
     including an EOS), decoded with HybridLM's cache. (minispec.targets.replies decodes through the
     transformers cache API, which HybridLM does not implement.)"""
-    from minispec.spec import sampling
+    from minispec.speculative import sampling
     from minispec.targets.replies import Replies
 
     if reply_len < 1:
@@ -268,7 +268,7 @@ def acceptance(model, head: MTPHead, prompts: list[torch.Tensor], k: int = 3, ma
     T = 1 with argmax drafts (q one-hot)."""
     import minispec as ms
     from minispec.mtp.drafter import MTPDrafter
-    from minispec.spec.stats import SpecStats
+    from minispec.speculative.stats import SpecStats
 
     out = {}
     for name, temperature, argmax in modes:

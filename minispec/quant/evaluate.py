@@ -126,7 +126,7 @@ def reply_lengths(model, prompts, max_new_tokens: int = 160, stop_ids=None) -> t
     """[n] greedy reply lengths (the stop token included; `max_new_tokens` where none came).
 
     stop_ids: the tokens that end a reply; by default only the model's EOS."""
-    from minispec.spec.autoregressive import autoregressive_generate
+    from minispec.speculative.autoregressive import autoregressive_generate
 
     out = autoregressive_generate(model, prompts, max_new_tokens)
     if stop_ids is None:
@@ -148,7 +148,7 @@ def speculative_tau(target, drafter, prompts, max_new_tokens: int = 48) -> float
 
     drafter: a Drafter for `target`, or a callable target -> Drafter (a DFlash drafter must be attached to
     the model whose hidden states it reads, so it is built per target)."""
-    from minispec.spec.speculative import speculative_generate
+    from minispec.speculative.speculative import speculative_generate
 
     d = drafter(target) if callable(drafter) else drafter
     accepted = cycles = 0

@@ -8,8 +8,8 @@ decoding (few rows of x) a linear layer is bound by reading its weights, so read
 than bf16 is the whole speed-up.
 
 The reference dequantizes in float32 and multiplies in float32, rounding to x's dtype once at the end.
-The Triton kernel (kernels/w4a16.py) does the same sum in a different order and with the per-tensor
-scale applied once at the end; the tests hold it to a stated tolerance (tests/test_w4a16.py).
+The Triton kernel (kernels/gemm.py) does the same sum in a different order and with the per-tensor
+scale applied once at the end; the tests hold it to a stated tolerance (tests/test_gemm.py).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def check_w4a16_args(x: torch.Tensor, w: NVFP4Tensor) -> None:
         raise ValueError(f"x is on {x.device} but the weight is on {w.device}")
 
 
-@dispatch("w4a16:w4a16_matmul")
+@dispatch("gemm:w4a16_matmul")
 def w4a16_matmul(x: torch.Tensor, w: NVFP4Tensor) -> torch.Tensor:
     """x [..., K] @ dequantize(w [N, K]).T -> [..., N] in x's dtype (float32 math, one rounding at the end)."""
     check_w4a16_args(x, w)

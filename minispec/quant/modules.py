@@ -254,7 +254,7 @@ class PackedLinear(nn.Module):
     """A linear layer that serves from packed storage (what an exported checkpoint loads into).
 
     w4a16: y = w4a16_matmul(x, W) — the NVFP4 weight stays packed and is dequantized inside the GEMM
-    (Triton kernel kernels/w4a16.py where the backend picks it). w4a4 additionally quantizes x to NVFP4
+    (Triton kernel kernels/gemm.py where the backend picks it). w4a4 additionally quantizes x to NVFP4
     with the stored input scale first (emulated: real W4A4 needs FP4 tensor cores). fp8: E4M3 weight times
     its scale, activations through E4M3.
     """

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minispec.ssm.mamba2 import Mamba2Config, Mamba2Mixer
+from minispec.speculative.target import TargetOutput
 from minispec.ssm.replay import MambaLayerStore, make_store
 
 __all__ = ["RMSNorm", "Attention", "MLP", "MoE", "HybridLM", "HybridCache", "HybridOutput"]
@@ -206,7 +207,6 @@ class HybridLM(nn.Module):
     backbone(ids, cache, commit) -> (hidden_pre_norm, hidden)    for heads that read the trunk (MTP)
     embed_tokens / lm_head                                        the shared embedding and output head
     new_cache(batch, strategy, capacity) -> HybridCache
-    generate(ids, max_new_tokens, ...) -> greedy tokens [b, n]   plain decoding with this cache
     """
 
     def __init__(self, config):
@@ -258,7 +258,8 @@ class HybridLM(nn.Module):
 
     def speculative_target(self, output_hidden_states: bool = False, strategy: str | None = None,
                            capacity: int | None = None) -> "HybridTarget":
-        """The adapter `minispec.speculative_generate` drives (prefill / verify forward / rollback).
+        """The adapter both decoding loops drive (`minispec.speculative.target`): prefill / extend / verify
+        forward / rollback.
         strategy / capacity default to `self.spec_strategy` / `self.spec_capacity` ("replay", 16).
         The newest adapter stays reachable as `self.last_target`, so its cache (and the state traffic
         it counted) can be inspected after a run."""
@@ -312,33 +313,17 @@ class HybridLM(nn.Module):
         pre, post = self.backbone(input_ids, cache, commit)
         return HybridOutput(self.lm_head(post).float(), pre, post)
 
-    @torch.no_grad()
-    def generate(self, input_ids: Tensor, max_new_tokens: int, strategy: str = "replay", capacity: int = 16,
-                 eos_token_id: int | None = None) -> Tensor:
-        """Greedy plain decoding with this model's cache: [b, T] -> new tokens [b, <= max_new_tokens].
-        Stops early only when every row has emitted `eos_token_id` (rows after their EOS keep decoding)."""
-        cache = self.new_cache(input_ids.shape[0], strategy, capacity)
-        logits = self(input_ids, cache).logits[:, -1]
-        new = []
-        for _ in range(max_new_tokens):
-            token = logits.argmax(-1)
-            new.append(token)
-            if eos_token_id is not None and bool((torch.stack(new, 1) == eos_token_id).any(1).all()):
-                break
-            if len(new) == max_new_tokens:
-                break
-            logits = self(token[:, None], cache).logits[:, -1]
-        return torch.stack(new, dim=1)
-
 
 class HybridTarget:
-    """`HybridLM` as the speculative loop sees it (same methods as `minispec.spec.target.HFTarget`).
+    """`HybridLM` as the decoding loops see it (same methods as `minispec.speculative.target.HFTarget`).
 
-    A verify forward leaves its K+1 tokens pending in every layer; `rollback(keep, appended)` commits
-    the first keep[0] of them: KV is cropped, and each Mamba store keeps its own way (pick a saved
-    per-position state, or move the replay counter). One sequence at a time: the Mamba stores of a
-    batch advance together, so ragged acceptance across rows is not supported here.
-    hidden_states, when asked for, is (last layer before the final norm, after it), each [1, n, D].
+    Plain decoding (`extend`) commits its tokens at once. A verify forward leaves its K+1 tokens
+    pending in every layer; `rollback(keep, appended)` commits the first keep[b] of them: KV is
+    cropped, and each Mamba store keeps its own way (pick a saved per-position state, or move the
+    replay counter). The Mamba stores of a batch advance together, so prompts must be unpadded (equal
+    lengths) and every row must keep the same number of tokens: speculative decoding, whose rows
+    accept differently, runs one sequence at a time.
+    hidden_states, when asked for, is (last layer before the final norm, after it), each [b, n, D].
     """
 
     def __init__(self, model: HybridLM, output_hidden_states: bool = False, strategy: str = "replay",
@@ -348,23 +333,30 @@ class HybridTarget:
         self.config = model.config
         self.cache: HybridCache | None = None
 
-    def _out(self, out: HybridOutput):
-        from minispec.spec.target import TargetOutput
-        return TargetOutput(out.logits, (out.hidden_pre_norm, out.hidden) if self.output_hidden_states else None)
+    def _out(self, out: HybridOutput, last_only: bool = False) -> TargetOutput:
+        logits = out.logits[:, -1:] if last_only else out.logits
+        return TargetOutput(logits, (out.hidden_pre_norm, out.hidden) if self.output_hidden_states else None)
 
     @torch.no_grad()
-    def prefill(self, batch):
-        if batch.size != 1 or not bool(batch.attention_mask.all()):
-            raise ValueError(f"HybridTarget: speculative decoding on a hybrid model runs one unpadded sequence at a "
-                             f"time, got a batch of {batch.size}")
-        self.cache = self.model.new_cache(1, self.strategy, self.capacity)
-        return self._out(self.model(batch.input_ids, self.cache))
+    def prefill(self, batch) -> TargetOutput:
+        if not bool(batch.attention_mask.all()):
+            raise ValueError(f"HybridTarget: a hybrid model decodes one unpadded sequence (or prompts of equal "
+                             f"length) at a time, got a padded batch of {batch.size}")
+        self.cache = self.model.new_cache(batch.size, self.strategy, self.capacity)
+        return self._out(self.model(batch.input_ids, self.cache), last_only=True)
 
     @torch.no_grad()
-    def forward(self, tokens: Tensor):
+    def extend(self, tokens: Tensor) -> TargetOutput:
+        return self._out(self.model(tokens, self.cache))
+
+    @torch.no_grad()
+    def forward(self, tokens: Tensor) -> TargetOutput:
         return self._out(self.model(tokens, self.cache, commit=False))
 
     def rollback(self, keep: Tensor, appended: int) -> None:
         if appended != self.cache.pending:
             raise ValueError(f"HybridTarget.rollback: {appended} tokens appended, but {self.cache.pending} are pending")
+        if bool((keep != keep[0]).any()):
+            raise ValueError(f"HybridTarget: rows kept different numbers of tokens ({keep.tolist()}); speculative "
+                             "decoding on a hybrid model runs one unpadded sequence at a time")
         self.cache.commit(int(keep[0]))

@@ -64,7 +64,7 @@ def _check_records(fn: str, checkpoint, x, dt, B, A) -> None:
     _require(tuple(A.shape) == (H,), f"{fn}: A must be [H] = ({H},), got {tuple(A.shape)}")
 
 
-@dispatch("ssd_replay:replay_verify")
+@dispatch("replay:replay_verify")
 def replay_verify(checkpoint: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, A: Tensor, D: Tensor,
                   start: int) -> Tensor:
     """Outputs of a verify window read from the checkpoint plus the records; no state is formed.
@@ -97,7 +97,7 @@ def replay_verify(checkpoint: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tenso
     return y + D[:, None] * x[:, start:]
 
 
-@dispatch("ssd_replay:replay_flush")
+@dispatch("replay:replay_flush")
 def replay_flush(checkpoint: Tensor, x: Tensor, dt: Tensor, B: Tensor, A: Tensor) -> Tensor:
     """Fold L records into the checkpoint: the state after them, written once.
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from minispec.spec.autoregressive import autoregressive_generate, special_ids
+from minispec.speculative.autoregressive import autoregressive_generate, special_ids
 from minispec.targets import data
 
 

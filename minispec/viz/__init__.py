@@ -1,10 +1,10 @@
-"""Live acceptance visualizations: token strips for notebooks and terminals, and matplotlib figures."""
+"""General-purpose pictures: token strips for notebooks and terminals, and matplotlib figures of acceptance.
+
+The figures of one notebook live with that notebook's helpers in `minispec.lessons`.
+"""
 from minispec.viz.strip import AnsiStrip, TokenStrip, ansi_legend, ansi_strip
 
 PLOTS = ("tau_histogram", "per_position_acceptance", "acceptance_vs_temperature", "distribution_pair", "LivePlot")
-# The interactive and figure pieces of the teaching notebooks (minispec/viz/lessons.py), loaded on first use too.
-LESSONS = ("speedup_curve", "acceptance_explorer", "acceptance_figure", "convergence_figure", "speculative_draws",
-           "verification_table", "temperature_sweep", "draft_agreement", "predicted_acceptance")
 
 
 def __getattr__(name):
@@ -14,12 +14,7 @@ def __getattr__(name):
         from minispec.viz import plots
 
         return getattr(plots, name)
-    if name in LESSONS:
-        from minispec.viz import lessons
-
-        return getattr(lessons, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["AnsiStrip", "TokenStrip", "ansi_legend", "ansi_strip", *PLOTS]
-__all__ += list(LESSONS)

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import MaxNLocator
 
-from minispec.spec.stats import SpecStats
+from minispec.speculative.stats import SpecStats
 
 # Okabe–Ito: distinguishable with the common colour-vision deficiencies.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9"]

@@ -22,7 +22,7 @@ import html
 import io
 import sys
 
-from minispec.spec.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token
+from minispec.speculative.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token
 
 STATUSES = (ACCEPTED, REJECTED, CORRECTION, BONUS)
 LABELS = {ACCEPTED: "accepted draft", REJECTED: "rejected draft", CORRECTION: "target correction",

@@ -14,8 +14,8 @@ import torch
 
 import minispec as ms
 from minispec import costs
-from minispec.spec import sampling as smp
-from minispec.spec.stats import SpecStats
+from minispec.speculative import sampling as smp
+from minispec.speculative.stats import SpecStats
 
 
 class TimedDrafter:

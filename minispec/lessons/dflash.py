@@ -12,7 +12,7 @@ from minispec.costs import FULL, DFlashParamCount
 from minispec.dflash import mask as dmask
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.drafters.base import Proposal, Sampling
-from minispec.spec import sampling as smp
+from minispec.speculative import sampling as smp
 
 SLIDING_COLOR, FULL_COLOR, TAP_COLOR = "#9ecae1", "#3182bd", "#e6550d"
 
@@ -130,7 +130,7 @@ def verify_draws(p: torch.Tensor, q: torch.Tensor, rule: str, n: int = 40_000,
     Each is exact: given the draft, a one-hot step reproduces p, and a mixture of exact steps is exact.
     They differ in acceptance: p(argmax q), sum_d q(d) p(d) <= max p, and sum min(p, q) = 1 - TV.
     """
-    from minispec.spec.verify import verify
+    from minispec.speculative.verify import verify
 
     g = torch.Generator().manual_seed(seed)
     p, q = torch.as_tensor(p, dtype=torch.float32), torch.as_tensor(q, dtype=torch.float32)

@@ -9,13 +9,12 @@ how the token is chosen).
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
+from minispec.bench.timing import timed
 from minispec.mtp.drafter import MTPDrafter
 from minispec.mtp.head import MTPHead
-from minispec.spec.stats import SpecStats
+from minispec.speculative.stats import SpecStats
 
 KS = (3, 7)
 
@@ -25,23 +24,23 @@ def speed_rows(model, head: MTPHead, prompts: list[torch.Tensor], max_new_tokens
     """AR and MTP speculative decoding of each prompt (batch 1) on a HybridLM `model`."""
     import minispec as ms
 
-    start = time.perf_counter()
-    ar = [model.generate(p[None], max_new_tokens) for p in prompts]
-    ar_s = time.perf_counter() - start
-    n_ar = sum(a.shape[1] for a in ar)
+    ar_s, ar = timed(lambda: [ms.autoregressive_generate(model, p, max_new_tokens) for p in prompts], 1)
+    n_ar = sum(int(a.lengths.sum()) for a in ar)
     rows = [{"method": "autoregressive", "T": "-", "K": 0, "tau": 1.0, "tokens_per_s": round(n_ar / ar_s, 1),
              "speedup": 1.0, "per_position": "-", "equal_to_ar": True}]
     for temperature in temperatures:
         for k in ks:
             drafter = MTPDrafter(head, model, num_draft_tokens=k)
-            generator = torch.Generator().manual_seed(seed)
-            start = time.perf_counter()
-            outs = [ms.speculative_generate(model, drafter, p[None], max_new_tokens, temperature=temperature,
-                                            generator=generator) for p in prompts]
-            s = time.perf_counter() - start
+
+            def spec():
+                generator = torch.Generator().manual_seed(seed)
+                return [ms.speculative_generate(model, drafter, p, max_new_tokens, temperature=temperature,
+                                                generator=generator) for p in prompts]
+
+            s, outs = timed(spec, 1)
             n = sum(int(o.lengths.sum()) for o in outs)
             stats = SpecStats([c for o in outs for c in o.stats.cycles])
-            equal = (all(torch.equal(o.tokens[0, : a.shape[1]], a[0]) for o, a in zip(outs, ar))
+            equal = (all(torch.equal(o.tokens, a.tokens) for o, a in zip(outs, ar))
                      if temperature == 0 else "-")
             rows.append({"method": "MTP speculative", "T": temperature, "K": k,
                          "tau": round(stats.tau, 3),

@@ -12,29 +12,11 @@ small shapes, so the function stays testable anywhere. Times are the best of `ar
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
+from minispec.bench.timing import timed
 from minispec.quant.gemm import w4a16_matmul
 from minispec.quant.nvfp4 import dequantize, quantize
-
-
-def _best_ms(fn, repeats: int, inner: int, cuda: bool) -> float:
-    """Best over `repeats` of the mean time of `inner` back-to-back calls, in milliseconds."""
-    fn()
-    fn()  # warm-up: compilation, autotuning, allocator
-    best = float("inf")
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / inner)
-    return best * 1e3
 
 
 def _dequantize_then_matmul(x, codes, block_scales, global_scale):
@@ -59,7 +41,7 @@ def bench_nvfp4(args) -> list[dict]:
 
     def add(op, method, M, K, N, fn, baseline_ms=None):
         try:
-            ms = _best_ms(fn, repeats, inner, cuda)
+            ms = 1e3 * timed(fn, repeats, warmup=2, inner=inner, cuda=cuda)[0]
         except Exception as e:  # a method that cannot run on this machine gets a row that says why
             rows.append({"op": op, "method": method, "M": M, "K": K, "N": N, "ms": None,
                          "speedup": None, "note": f"{type(e).__name__}: {e}"[:120]})

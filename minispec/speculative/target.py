@@ -1,4 +1,13 @@
-"""The target model as the speculative loop sees it: prefill, a verify forward, and rollback.
+"""The target model as both decoding loops see it: prefill, extend, a verify forward, and rollback.
+
+    prefill(batch)          the prompts; logits of the last position only          -> [B, 1, V]
+    extend(tokens)          plain decoding: feed [B, n] tokens and keep them all    -> [B, n, V]
+    forward(tokens)         a verify window: feed [B, n] tokens that may be rolled back
+    rollback(keep, n)       of the last forward's n tokens, row b keeps its first keep[b]
+
+`target_adapter(model)` picks the adapter: a model with its own cache (minispec.ssm.HybridLM, whose
+Mamba states cannot be cropped) brings its own through `model.speculative_target(...)`; any other
+Hugging Face causal LM gets `HFTarget`.
 
 After a verify forward over [last token, d_1 .. d_K] every sequence has K+1 new cache entries, but
 sequence b keeps only `accepted_b + 1` of them. A batched KV cache is one tensor per layer, so the
@@ -20,12 +29,12 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from minispec.spec.batch import PromptBatch, position_ids
+from minispec.speculative.batch import PromptBatch, position_ids
 
 
 @dataclass
 class TargetOutput:
-    logits: torch.Tensor  # [B, n, V] at the n positions just fed
+    logits: torch.Tensor  # [B, n, V] at the n positions just fed ([B, 1, V] after a prefill)
     hidden_states: tuple[torch.Tensor, ...] | None  # per layer (0 = embeddings) [B, n, H], when asked for
 
 
@@ -59,21 +68,28 @@ class HFTarget:
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [B, L] attention mask over every cached column
 
-    def _run(self, input_ids: torch.Tensor) -> TargetOutput:
+    def _run(self, input_ids: torch.Tensor, logits_to_keep: int = 0) -> TargetOutput:
         out = self.model(input_ids=input_ids, attention_mask=self.mask,
                          position_ids=position_ids(self.mask)[:, -input_ids.shape[1]:],
-                         cache=self.cache, output_hidden_states=self.output_hidden_states)
+                         cache=self.cache, output_hidden_states=self.output_hidden_states,
+                         logits_to_keep=logits_to_keep)
         return TargetOutput(out.logits, out.hidden_states if self.output_hidden_states else None)
 
     @torch.no_grad()
     def prefill(self, batch: PromptBatch) -> TargetOutput:
         self.cache = DynamicCache(config=self.config)
         self.mask = batch.attention_mask
-        return self._run(batch.input_ids)
+        return self._run(batch.input_ids, logits_to_keep=1)
+
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor) -> TargetOutput:
+        """Feed `[B, n]` tokens after everything cached and keep them (plain decoding)."""
+        self.mask = torch.cat([self.mask, torch.ones_like(tokens)], dim=1)
+        return self._run(tokens)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor) -> TargetOutput:
-        """Feed `[B, n]` tokens after everything cached; every row gets n new entries."""
+        """Feed `[B, n]` tokens after everything cached; every row gets n new entries, to be rolled back."""
         self.cache.activate_past_recording()
         self.mask = torch.cat([self.mask, torch.ones_like(tokens)], dim=1)
         return self._run(tokens)
@@ -94,3 +110,10 @@ class HFTarget:
                 layer.record_past = False
             layer.keys = shift_rows(layer.keys, drop, new_len, dim=2)
             layer.values = shift_rows(layer.values, drop, new_len, dim=2)
+
+
+def target_adapter(model, output_hidden_states: bool = False):
+    """The adapter the decoding loops drive for `model` (see the module docstring)."""
+    if hasattr(model, "speculative_target"):
+        return model.speculative_target(output_hidden_states)
+    return HFTarget(model, output_hidden_states=output_hidden_states)

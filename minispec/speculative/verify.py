@@ -12,7 +12,7 @@ acceptance plus (1 - sum min(p, q)) * norm(max(p - q, 0))(x) from the residual, 
 1 - sum min(p, q) = sum max(p - q, 0), so the two add up to p(x).
 
 p and q must be the distributions actually sampled from, after temperature / top-k / top-p
-(minispec.spec.sampling applies the same settings to target and drafter). A deterministic drafter
+(minispec.speculative.sampling applies the same settings to target and drafter). A deterministic drafter
 (argmax, n-gram) has a one-hot q: pass draft_probs=None. Greedy decoding needs no separate code path:
 at temperature 0 p is one-hot at the target's argmax, so with one-hot q the rule below accepts a draft
 iff it equals the target's argmax, and both the correction and the bonus are that argmax.

@@ -3,7 +3,7 @@
 `bench_kl(args)` times KL(teacher ‖ student) on bf16 logits, forward and forward + backward, for:
     torch reference             two float32 log-softmaxes over the whole vocabulary (minispec.kl)
     torch.compile(reference)    the same, fused by Inductor as it sees fit
-    triton                      kernels/fused_kl.py: vocabulary chunks with an online log-sum-exp
+    triton                      kernels/kl.py: vocabulary chunks with an online log-sum-exp
 On CUDA: tokens in {4096, 16384, 32768} at V = 262,144 (Nemotron 3.5's vocabulary), with each method's
 peak allocated memory above the inputs (logits and, for the backward, the gradient); a method that runs
 out of memory gets a row saying so. On a CPU the reference and its torch.compile run, on a small
@@ -12,28 +12,12 @@ Times are the best of `args.repeats` runs; `speedup` is against the reference's 
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
+from minispec.bench.timing import timed
 from minispec.kl import kl_divergence
 
 GIB = 2**30
-
-
-def _best_ms(fn, repeats: int, cuda: bool) -> float:
-    fn()
-    fn()  # warm-up: compilation, autotuning, allocator
-    best = float("inf")
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 def bench_kl(args) -> list[dict]:
@@ -71,7 +55,7 @@ def bench_kl(args) -> list[dict]:
                     torch.cuda.reset_peak_memory_stats()
                     base_bytes = torch.cuda.memory_allocated()
                 try:
-                    ms = _best_ms(lambda: run(fn), repeats, cuda)
+                    ms = 1e3 * timed(lambda: run(fn), repeats, warmup=2, cuda=cuda)[0]
                 except torch.OutOfMemoryError:
                     rows.append({**row, "ms": None, "speedup": None, "peak_extra_GiB": None,
                                  "note": "out of memory"})

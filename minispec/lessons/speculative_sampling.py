@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from minispec import costs
-from minispec.spec import sampling as smp
-from minispec.spec.speculative import SpecGeneration, speculative_generate
-from minispec.spec.stats import ACCEPTED, BONUS, CORRECTION, REJECTED
-from minispec.spec.verify import VerifyResult, acceptance_probability, verify
+from minispec.speculative import sampling as smp
+from minispec.speculative.speculative import SpecGeneration, speculative_generate
+from minispec.speculative.stats import ACCEPTED, BONUS, CORRECTION, REJECTED
+from minispec.speculative.verify import VerifyResult, acceptance_probability, verify
 from minispec.viz.plots import PALETTE, _finish, distribution_pair
 from minispec.viz.strip import COLORS, LABELS, token_style
 

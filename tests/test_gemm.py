@@ -1,6 +1,6 @@
 """W4A16: x @ dequantize(w).T with NVFP4 weights; the Triton kernel against the reference.
 
-The kernel's tolerance (kernels/w4a16.py): the reference and the kernel are float32 sums of the same
+The kernel's tolerance (kernels/gemm.py): the reference and the kernel are float32 sums of the same
 K products x_k · ŵ_k in different orders (and the kernel applies g once at the end instead of to each
 block scale), then each is rounded once to x's dtype. So, element by element,
 
@@ -147,7 +147,7 @@ def test_bench_nvfp4_runs_the_pytorch_rows_on_cpu():
         pytest.skip("on CUDA this is the full benchmark, run by `python -m minispec.bench`")
     from types import SimpleNamespace
 
-    from minispec.quant.bench import bench_nvfp4
+    from minispec.bench.nvfp4 import bench_nvfp4
     rows = bench_nvfp4(SimpleNamespace(repeats=1))
     assert {(r["op"], r["method"]) for r in rows} == {
         ("quantize", "torch reference"), ("w4a16", "torch dequantize+matmul"),

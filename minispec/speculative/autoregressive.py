@@ -1,17 +1,19 @@
 """Autoregressive decoding with a KV cache: the baseline every speculative method must equal.
 
-One target forward per new token. Greedy output equals `model.generate(do_sample=False)` token for
-token; sampled output is reproducible under a seeded `torch.Generator`.
+One target forward per new token, through the same target adapter the speculative loop drives
+(`minispec.speculative.target`), so a Hugging Face model and minispec's own `HybridLM` decode by the
+same code. Greedy output equals `model.generate(do_sample=False)` token for token; sampled output is
+reproducible under a seeded `torch.Generator`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
-from minispec.spec import sampling
-from minispec.spec.batch import as_prompt_batch, check_vocab_ids, position_ids
+from minispec.speculative import sampling
+from minispec.speculative.batch import as_prompt_batch, check_vocab_ids
+from minispec.speculative.target import target_adapter
 
 
 @dataclass
@@ -46,13 +48,11 @@ def autoregressive_generate(model, input_ids, max_new_tokens: int, temperature: 
     pad_id, eos_id = special_ids(model)
     batch = as_prompt_batch(input_ids, pad_id)
     check_vocab_ids(batch.input_ids, model.config.vocab_size)
-    mask = batch.attention_mask
-    cache = DynamicCache(config=model.config)
-    logits = model(input_ids=batch.input_ids, attention_mask=mask, position_ids=position_ids(mask),
-                   cache=cache, logits_to_keep=1).logits[:, -1]
+    target = target_adapter(model)
+    logits = target.prefill(batch).logits[:, -1]
 
     B = batch.size
-    finished = torch.zeros(B, dtype=torch.bool, device=mask.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=batch.input_ids.device)
     new = []
     for _ in range(max_new_tokens):
         token = sampling.next_token(logits, temperature, top_k, top_p, generator)
@@ -62,9 +62,7 @@ def autoregressive_generate(model, input_ids, max_new_tokens: int, temperature: 
             finished |= token == eos_id
         if finished.all() or len(new) == max_new_tokens:
             break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        logits = model(input_ids=token[:, None], attention_mask=mask,
-                       position_ids=position_ids(mask)[:, -1:], cache=cache).logits[:, -1]
+        logits = target.extend(token[:, None]).logits[:, -1]
 
     tokens = torch.stack(new, dim=1)
     lengths = torch.full((B,), tokens.shape[1], dtype=torch.long)

@@ -17,7 +17,7 @@ Tolerance against the reference (which computes x @ (q · (s_b · g))ᵀ in floa
 both sums are float32 sums of the same K products in different orders, so each is within
 γ = K · 2**-24 of the exact sum of |x| · |ŵ| (the standard bound), plus g's placement (2 more
 roundings); the results are then rounded to x's dtype, where the two may land one unit in the last
-place apart. tests/test_w4a16.py checks |kernel - reference| <= 2·(K + 2)·2**-24 · (|x| @ |ŵ|ᵀ) + ulp.
+place apart. tests/test_gemm.py checks |kernel - reference| <= 2·(K + 2)·2**-24 · (|x| @ |ŵ|ᵀ) + ulp.
 
 The output is written in float32 and torch rounds it to x's dtype: the interpreter's float32 -> bf16
 cast truncates. Under the interpreter bf16 operands are widened to float32 before `tl.dot` (exact; see

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import torch
 
 from minispec.drafters.base import Drafter, Sampling
-from minispec.spec import sampling as smp
-from minispec.spec.autoregressive import Generation, check_generation_args, special_ids
-from minispec.spec.batch import as_prompt_batch, check_vocab_ids
-from minispec.spec.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token
-from minispec.spec.target import HFTarget
-from minispec.spec.verify import verify
+from minispec.speculative import sampling as smp
+from minispec.speculative.autoregressive import Generation, check_generation_args, special_ids
+from minispec.speculative.batch import as_prompt_batch, check_vocab_ids
+from minispec.speculative.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token
+from minispec.speculative.target import target_adapter
+from minispec.speculative.verify import verify
 
 
 @dataclass
@@ -77,9 +77,7 @@ def speculative_generate(target, drafter: Drafter, input_ids, max_new_tokens: in
     check_vocab_ids(batch.input_ids, target.config.vocab_size)
     B = batch.size
 
-    # A model with its own cache (e.g. minispec.ssm.HybridLM, whose Mamba states cannot be cropped) brings its adapter.
-    tgt = (target.speculative_target(drafter.needs_hidden_states) if hasattr(target, "speculative_target")
-           else HFTarget(target, output_hidden_states=drafter.needs_hidden_states))
+    tgt = target_adapter(target, output_hidden_states=drafter.needs_hidden_states)
     out = tgt.prefill(batch)
     drafter.begin(batch, out)
     last = smp.next_token(out.logits[:, -1], temperature, top_k, top_p, generator)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from minispec import costs
+from minispec.bench.timing import print_table, timed
 
 
 def bytes_rows(ring: int = 16) -> list[dict]:
@@ -33,27 +34,26 @@ def bytes_rows(ring: int = 16) -> list[dict]:
 
 def speed_rows(prompts: int, max_new_tokens: int, drafters: list[str], K: int = 4, repeats: int = 2) -> list[dict]:
     """AR vs speculative on lightning-mini (batch 1, greedy), every strategy, on the frozen eval prompts.
-    Each row is the best of `repeats` runs after a warm-up run (`minispec.bench.timed`)."""
+    Each row is the best of `repeats` runs after a warm-up run (`minispec.bench.timing.timed`)."""
     import minispec as ms
-    from minispec.bench import timed
     from minispec.ssm.hybrid import HybridLM
 
     model = HybridLM.from_pretrained("lightning-mini")
     chosen = ms.load_evalset().prompts[:prompts]
     rows = []
     for strategy in ("replay", "per-position"):
-        ar_s, ar = timed(lambda: [model.generate(p[None], max_new_tokens, strategy=strategy) for p in chosen], repeats)
-        n_ar = sum(o.shape[1] for o in ar)
+        model.spec_strategy = strategy
+        ar_s, ar = timed(lambda: [ms.autoregressive_generate(model, p, max_new_tokens) for p in chosen], repeats)
+        n_ar = sum(int(o.lengths.sum()) for o in ar)
         rows.append({"strategy": strategy, "method": "autoregressive", "drafter": "-", "tau": 1.0,
                      "tokens_per_s": round(n_ar / ar_s, 1), "speedup": 1.0, "equal_to_ar": True})
-        model.spec_strategy = strategy
         for name in drafters:
             drafter = ms.load_drafter(name, model, num_draft_tokens=K)
             s, outs = timed(lambda: [ms.speculative_generate(model, drafter, p[None], max_new_tokens) for p in chosen],
                             repeats)
             n = sum(int(o.lengths.sum()) for o in outs)
             cycles = [c for o in outs for c in o.stats.verifications]
-            equal = all(torch.equal(o.tokens[0, : a.shape[1]], a[0]) for o, a in zip(outs, ar))
+            equal = all(torch.equal(o.tokens, a.tokens) for o, a in zip(outs, ar))
             rows.append({"strategy": strategy, "method": f"speculative K={K}", "drafter": name,
                          "tau": round(sum(c.accepted + 1 for c in cycles) / len(cycles), 3),
                          "tokens_per_s": round(n / s, 1), "speedup": round((n / s) / (n_ar / ar_s), 3),
@@ -63,8 +63,6 @@ def speed_rows(prompts: int, max_new_tokens: int, drafters: list[str], K: int = 
 
 
 def bench_replay(args) -> list[dict]:
-    from minispec.bench import print_table
-
     table = bytes_rows()
     print("Mamba state bytes per layer and sequence (pp = per-position states, rp = checkpoint + replay, ring 16):")
     print_table(table)

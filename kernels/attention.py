@@ -1,6 +1,6 @@
 """DFlash's block attention in one Triton kernel: T block queries over cached context + the block.
 
-Kernel for `minispec.dflash.model.dflash_attention`, with the same signature and semantics:
+Kernel for `minispec.dflash.attention.dflash_attention`, with the same signature and semantics:
 
     q [B, T, Hq, D] over keys [k_ctx[b, :ctx_lens[b]] ; k_blk[b]]   (non-causal, GQA, sliding window)
 
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from minispec.dflash.model import check_attention_args
+from minispec.dflash.attention import check_attention_args
 
 
 @triton.jit

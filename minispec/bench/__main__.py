@@ -1,0 +1,3 @@
+from minispec.bench import main
+
+main()

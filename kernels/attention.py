@@ -1,6 +1,7 @@
 """DFlash's block attention in one Triton kernel: T block queries over cached context + the block.
 
-Kernel for `minispec.dflash.attention.dflash_attention`, with the same signature and semantics:
+Kernel of the reference `minispec.dflash.attention.dflash_attention`, with the same signature, the same
+argument checks (`check_attention_args`) and the same semantics:
 
     q [B, T, Hq, D] over keys [k_ctx[b, :ctx_lens[b]] ; k_blk[b]]   (non-causal, GQA, sliding window)
 

@@ -1,6 +1,7 @@
 """Checkpoint + replay for Mamba-2 in two Triton kernels: verify (outputs, no state written) and flush.
 
-Kernels for `minispec.ssm.replay.replay_verify` and `replay_flush`, with the same signatures.
+Kernels for `minispec.ssm.replay.replay_verify` and `replay_flush`, with the same signatures; the
+argument checks are the reference's own (`check_replay_verify_args`, `check_replay_flush_args`).
 One program owns one (sequence b, head h); head h reads B/C group h // (H/G). Per program:
 
 verify  the L = start + T records' log-decays l_i = dt_i A_h are loaded once and prefix-summed
@@ -20,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minispec.ssm.replay import _check_records, _require
+from minispec.ssm.replay import check_replay_flush_args, check_replay_verify_args
 
 
 @triton.jit
@@ -100,15 +101,13 @@ def _pow2(n: int) -> int:
     return max(2, triton.next_power_of_2(max(1, n)))
 
 
-def replay_verify(checkpoint, x, dt, B, C, A, D, start: int):
+def replay_verify(checkpoint: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                  A: torch.Tensor, D: torch.Tensor, start: int) -> torch.Tensor:
     """Triton twin of `minispec.ssm.replay.replay_verify` (same arguments, same result)."""
-    _check_records("replay_verify", checkpoint, x, dt, B, A)
+    check_replay_verify_args(checkpoint, x, dt, B, C, A, D, start)
     b, L, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     T = L - start
-    _require(0 <= start < L, f"replay_verify: start must be in [0, L) = [0, {L}), got {start}")
-    _require(tuple(C.shape) == (b, T, G, N), f"replay_verify: C must be [b, T, G, N] = {(b, T, G, N)}, "
-             f"got {tuple(C.shape)}")
     s0, x32, dt32, B32, C32, A32, D32 = _f32(checkpoint, x, dt, B, C, A, D)
     y = torch.empty(b, T, H, P, dtype=torch.float32, device=x.device)
     _replay_verify_kernel[(b, H)](
@@ -118,9 +117,10 @@ def replay_verify(checkpoint, x, dt, B, C, A, D, start: int):
     return y.to(checkpoint.dtype)
 
 
-def replay_flush(checkpoint, x, dt, B, A):
+def replay_flush(checkpoint: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor,
+                 A: torch.Tensor) -> torch.Tensor:
     """Triton twin of `minispec.ssm.replay.replay_flush` (same arguments, same result)."""
-    _check_records("replay_flush", checkpoint, x, dt, B, A)
+    check_replay_flush_args(checkpoint, x, dt, B, A)
     b, L, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     if L == 0:

@@ -1,8 +1,10 @@
-"""Cost model, parameter and memory arithmetic: the seed figures, worked out in code.
+"""Cost model, parameter and memory arithmetic: the published figures, worked out in code.
 
 Read this module like a paper's appendix. Every number the project quotes about Bolt E4B's DFlash
-drafter, NVFP4 checkpoints or Mamba state comes out of one short function here, and
-``tests/test_costs.py`` checks each against the figure as published.
+drafter ("Nemotron 3.5 Bolt E4B: block-parallel speculation with DFlash"), NVFP4 checkpoints ("NVFP4
+quantization and QAD of Nemotron 3.5 Lightning"; "Nemotron 3.5 Super and Lightning: Open, Efficient
+Mixture-of-Experts Hybrid Mamba-Transformer Models for Agentic AI") or Mamba state comes out of one
+short function here, and ``tests/test_costs.py`` checks each against the figure as published.
 
 Units, exactly as the sources use them:
 
@@ -23,8 +25,11 @@ Contents:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
+
+from minispec.dflash.config import FULL, SLIDING, default_layer_types, read_hf_config
 
 # ---------------------------------------------------------------------------------------------
 # 1. Units
@@ -86,13 +91,9 @@ def _check_fraction(**values: float) -> None:
 # 2. DFlash drafter: shape, parameters, draft KV cache
 # ---------------------------------------------------------------------------------------------
 
-SLIDING = "sliding_attention"
-FULL = "full_attention"
-
-
 @dataclass(frozen=True)
 class DFlashShape:
-    """The dimensions of a DFlash drafter (research/dflash.md §2, §6).
+    """The dimensions of a DFlash drafter (z-lab/dflash ``dflash/model.py``; its HF-native ``config.json``).
 
     The drafter is a Qwen3-style decoder of ``num_layers`` layers (RMSNorm, attention with
     per-head q/k RMSNorm, RMSNorm, SwiGLU MLP). The target's hidden states, tapped at
@@ -104,7 +105,7 @@ class DFlashShape:
     token embedding. The original z-lab drafters store neither and share the target's.
 
     ``sliding_window`` and ``layer_types``: with ``layer_types=None`` every layer is a sliding
-    layer when ``sliding_window`` is set, and a full-attention layer otherwise.
+    layer when ``sliding_window`` is set, and a full-attention layer otherwise (as in ``DFlashConfig``).
     """
 
     num_layers: int
@@ -161,7 +162,7 @@ class DFlashShape:
         """One entry per layer: ``"sliding_attention"`` or ``"full_attention"``."""
         if self.layer_types is not None:
             return self.layer_types
-        return (SLIDING if self.sliding_window is not None else FULL,) * self.num_layers
+        return tuple(default_layer_types(self.num_layers, self.sliding_window))
 
     @classmethod
     def from_hf_config(
@@ -170,107 +171,45 @@ class DFlashShape:
         *,
         has_lm_head: bool | None = None,
         has_embed_tokens: bool | None = None,
-    ) -> "DFlashShape":
-        """Read a drafter ``config.json`` in the HF-native (z-lab) format, research/dflash.md §6.1.
+    ) -> DFlashShape:
+        """Read a drafter ``config.json`` in the HF-native (z-lab) format, resolved as vLLM resolves it.
 
-        * Taps: ``dflash_config.target_layer_ids`` (top-level fallback, as SGLang reads it),
-          else ``eagle_aux_hidden_state_layer_ids`` (vLLM); without either, the z-lab default
-          picks one tap per draft layer. Ids are checked against ``num_target_layers``.
-        * ``fc`` input width: ``num_taps * (target_hidden_size or hidden_size)`` (vLLM's rule).
-        * Window (§6.2): ``dflash_config.swa_window_size``, else ``sliding_window``.
-          ``dflash_config.use_swa: true`` makes every layer sliding; otherwise ``layer_types``
-          decides; otherwise ``use_sliding_window``.
+        ``minispec.dflash.config.read_hf_config`` decides each layer's attention type and window and
+        the taps (the loader of ``minispec.dflash.export`` reads the file through it too). Then:
+
+        * ``fc`` input width: ``num_taps * (target_hidden_size or hidden_size)``; a file without
+          taps gets one per draft layer, as vLLM sizes ``fc`` then
+          (``qwen3_dflash._get_dflash_fc_input_size``).
         * Own head / embedding: the keyword arguments win (pass what the safetensors header
           holds: ``lm_head.weight``, ``embed_tokens.weight``); else the keys
           ``has_own_lm_head`` / ``has_lm_head`` and ``has_embed_tokens``; else ``False``, the
           z-lab default of sharing the target's.
         """
-        if not isinstance(config, Mapping):
-            raise ValueError(f"config must be a mapping (a parsed config.json), got {type(config).__name__}")
-        dflash = config.get("dflash_config") or {}
-        if not isinstance(dflash, Mapping):
-            raise ValueError("dflash_config must be a mapping")
-
-        def need(key: str) -> Any:
-            if config.get(key) is None:
-                raise ValueError(f"DFlash config lacks {key!r}")
-            return config[key]
-
-        hidden = need("hidden_size")
-        num_layers = need("num_hidden_layers")
-        num_heads = need("num_attention_heads")
-        num_kv_heads = config.get("num_key_value_heads") or num_heads
-        head_dim = config.get("head_dim") or _exact_div(
-            hidden, num_heads, "hidden_size", "num_attention_heads"
-        )
-
-        num_taps = _num_taps(config, dflash, num_layers)
-
-        window = dflash.get("swa_window_size") or config.get("sliding_window")
-        layer_types: tuple[str, ...] | None
-        if dflash.get("use_swa"):
-            if window is None:
-                raise ValueError("dflash_config.use_swa is true but no window size is given")
-            layer_types = (SLIDING,) * num_layers
-        elif config.get("layer_types") is not None:
-            layer_types = tuple(config["layer_types"])
-        elif config.get("use_sliding_window") and window is not None:
-            layer_types = (SLIDING,) * num_layers
-        else:
-            layer_types = (FULL,) * num_layers
-        if SLIDING not in layer_types:
-            window = None  # a window nobody uses does not cap any cache
-
+        hf = read_hf_config(config)
         if has_lm_head is None:
-            has_lm_head = bool(config.get("has_own_lm_head", config.get("has_lm_head", False)))
+            has_lm_head = bool(hf.has_own_lm_head)
         if has_embed_tokens is None:
-            has_embed_tokens = bool(config.get("has_embed_tokens", False))
-
+            has_embed_tokens = bool(hf.has_embed_tokens)
         return cls(
-            num_layers=num_layers,
-            hidden_size=hidden,
-            num_attention_heads=num_heads,
-            num_key_value_heads=num_kv_heads,
-            head_dim=head_dim,
-            intermediate_size=need("intermediate_size"),
-            num_taps=num_taps,
-            target_hidden_size=config.get("target_hidden_size") or hidden,
-            vocab_size=need("vocab_size"),
+            num_layers=hf.num_hidden_layers,
+            hidden_size=hf.hidden_size,
+            num_attention_heads=hf.num_attention_heads,
+            num_key_value_heads=hf.num_key_value_heads,
+            head_dim=hf.head_dim,
+            intermediate_size=hf.intermediate_size,
+            num_taps=hf.num_hidden_layers if hf.target_layer_ids is None else len(hf.target_layer_ids),
+            target_hidden_size=hf.target_hidden_size,
+            vocab_size=hf.vocab_size,
             has_lm_head=has_lm_head,
             has_embed_tokens=has_embed_tokens,
-            sliding_window=window,
-            layer_types=layer_types,
-            attention_bias=bool(config.get("attention_bias", False)),
-            block_size=dflash.get("block_size") or config.get("block_size"),
+            sliding_window=hf.sliding_window,
+            layer_types=hf.layer_types,
+            attention_bias=hf.attention_bias,
+            block_size=hf.block_size,
         )
 
 
-def _exact_div(a: int, b: int, name_a: str, name_b: str) -> int:
-    if not isinstance(a, int) or not isinstance(b, int) or b <= 0 or a % b:
-        raise ValueError(f"{name_a} ({a!r}) is not a multiple of {name_b} ({b!r}); give head_dim")
-    return a // b
-
-
-def _num_taps(config: Mapping[str, Any], dflash: Mapping[str, Any], num_layers: int) -> int:
-    """How many target layers feed ``fc``; the ids themselves are validated, not kept."""
-    ids = dflash.get("target_layer_ids", config.get("target_layer_ids"))
-    if ids is None and config.get("eagle_aux_hidden_state_layer_ids") is not None:
-        ids = config["eagle_aux_hidden_state_layer_ids"]  # vLLM's ids+1 convention: same count
-    if ids is None:
-        # z-lab's build_target_layer_ids: one tap per draft layer (a single one for 1 layer).
-        return num_layers
-    ids = list(ids)
-    if not ids:
-        raise ValueError("target_layer_ids is empty: a DFlash drafter needs at least one tap")
-    n_target = dflash.get("num_target_layers", config.get("num_target_layers"))
-    if n_target is not None:
-        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < n_target]
-        if bad:
-            raise ValueError(f"target_layer_ids {bad} out of range for {n_target} target layers")
-    return len(ids)
-
-
-# Nemotron 3.5 Bolt E4B's DFlash drafter, as published (research/dflash.md §6.5): 5 Qwen3-style
+# Nemotron 3.5 Bolt E4B's DFlash drafter, as its published config.json gives it: 5 Qwen3-style
 # layers, hidden 2560, 32 q / 8 kv heads of 128, MLP 5120, 5 taps of the 2560-wide Gemma-4 target
 # into fc, vocab 262,144, its own output head, the target's embedding, every layer sliding with a
 # 1024-token window, block size 8.
@@ -392,7 +331,7 @@ def dflash_kv_cache_bytes(
     num_sequences: int = 1,
     bytes_per_element: float = BF16_BYTES,
 ) -> float:
-    """Bytes of draft KV cache (research/dflash.md §2, "Draft KV cache").
+    """Bytes of draft KV cache (z-lab/dflash ``dflash/model.py``; vLLM's ``precompute_and_store_context_kv``).
 
     The draft cache holds only the *context* K and V (projected target features of committed
     tokens); the block's own K/V are dropped after every draft. Per layer and sequence:
@@ -434,7 +373,7 @@ def dflash_kv_cache_bytes(
 
 
 def nvfp4_bits_per_param(block_size: int = 16, *, code_bits: int = 4, scale_bits: int = 8) -> float:
-    """Storage bits per NVFP4 element (research/nvfp4_qad.md §1.3).
+    """Storage bits per NVFP4 element (the two-level NVFP4 format of NVIDIA Model Optimizer).
 
     A 4-bit E2M1 code per element plus one 8-bit E4M3 scale per block of 16:
     4 + 8/16 = 4.5 bits (ModelOpt's ``effective_bits: 4.5``). The FP32 per-tensor scale adds
@@ -475,17 +414,19 @@ def embedding_bytes(vocab_size: int, hidden_size: int, bytes_per_element: float 
 # 4. Checkpoint sizes: NVFP4 with BF16 exceptions
 # ---------------------------------------------------------------------------------------------
 #
-# A quantized checkpoint keeps some modules in BF16 (embeddings, attention, norms, routers, MTP:
-# research/nvfp4_qad.md §6). With a fraction f of the parameters in BF16 and the rest NVFP4:
+# A quantized checkpoint keeps some modules in BF16 (embeddings, attention, norms, routers, MTP: the
+# Nemotron recipes in Model Optimizer's modelopt_recipes). With a fraction f of the parameters in BF16
+# and the rest NVFP4:
 #
 #     bits per parameter  b = 16·f + 4.5·(1 − f)
 #     quantized size      S_q = S_bf16 · b / 16
 #
-# Nemotron-3.5-Lightning (the seed): 66 GB in BF16. All-NVFP4 would be 66 · 4.5/16 = 18.56 GB;
-# the quoted ~22 GB needs f = (22/66 − 4.5/16) / (1 − 4.5/16) = 7.2 % of the parameters in BF16,
-# about 2.4 B of its 33 B. The research notes give the recipe (§6: attention projections,
-# embeddings, routers, norms, conv1d and the MTP subtree in BF16, Mamba in/out_proj in FP8) but
-# not the split by parameter count, so f is solved for, not reproduced.
+# Nemotron-3.5-Lightning ("NVFP4 quantization and QAD of Nemotron 3.5 Lightning"): 66 GB in BF16.
+# All-NVFP4 would be 66 · 4.5/16 = 18.56 GB; the quoted ~22 GB needs
+# f = (22/66 − 4.5/16) / (1 − 4.5/16) = 7.2 % of the parameters in BF16, about 2.4 B of its 33 B.
+# Model Optimizer's Lightning recipe (ptq/w4a16_nvfp4_4o6.yaml) names the modules (attention
+# projections, embeddings, routers, norms, conv1d and the MTP subtree in BF16, Mamba in/out_proj in
+# FP8) but not the split by parameter count, so f is solved for, not reproduced.
 
 
 def mixed_bits_per_param(bf16_fraction: float, quant_bits: float | None = None) -> float:
@@ -557,7 +498,7 @@ def params_from_size(size_bytes: float, bits_per_param: float) -> float:
 #
 # One speculative cycle drafts, then verifies in one target forward, and emits tau tokens
 # (accepted drafts + 1, as the papers count it, so tau >= 1). Plain decoding emits one token per
-# target forward of cost C_t. Hence
+# target forward of cost C_t. Hence the speedup formula of the Bolt E4B write-up
 #
 #     speedup = tau · C_t / (C_d + C_v)
 #
@@ -598,8 +539,8 @@ def break_even_tau(c_target: float, c_draft: float, c_verify: float) -> float:
 def implied_cycle_cost(tau: float, measured_speedup: float) -> float:
     """(C_d + C_v) / C_t implied by a measured speedup at a measured tau: tau / speedup.
 
-    The cost of one speculative cycle in units of one plain decode step. z-lab's README
-    (research/dflash.md §5.1), Qwen3-8B on GSM8K at T=0: DFlash 6.55 / 5.20x = 1.26 decode steps
+    The cost of one speculative cycle in units of one plain decode step. z-lab's first README
+    (z-lab/dflash at commit bb48ef9), Qwen3-8B on GSM8K at T=0: DFlash 6.55 / 5.20x = 1.26 decode steps
     per cycle (one parallel draft pass); EAGLE-3 2.89 / 2.13x = 1.36 (seven sequential passes).
     """
     _check_tau(tau)
@@ -608,7 +549,7 @@ def implied_cycle_cost(tau: float, measured_speedup: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. Mamba-2 state (research/mamba_replay.md §2.5, §3.1, §3.2)
+# 6. Mamba-2 state and the bytes of checkpoint + replay
 # ---------------------------------------------------------------------------------------------
 
 
@@ -634,7 +575,8 @@ class Mamba2Shape:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of n_groups ({self.n_groups})")
 
 
-# Nemotron 3 Super 120B: H=128, P=64, N=128, G=8; 40 Mamba layers of 88 (mamba_replay.md §2.5).
+# Nemotron 3 Super 120B: H=128, P=64, N=128, G=8; 40 Mamba layers of 88 (its config.json; transformers'
+# NemotronHConfig has the same defaults).
 SUPER_MAMBA2 = Mamba2Shape(num_heads=128, head_dim=64, d_state=128, n_groups=8, num_layers=40)
 
 
@@ -648,7 +590,8 @@ def mamba_state_bytes(shape: Mamba2Shape, bytes_per_element: float = 4) -> float
 
 
 def replay_record_bytes(shape: Mamba2Shape, x_bytes: float = BF16_BYTES, dt_bytes: float = 4) -> float:
-    """One checkpoint + replay record per token and layer: x (H·P) and B (G·N) in bf16, dt (H) in fp32.
+    """One checkpoint + replay record per token and layer: x (H·P) and B (G·N) in bf16, dt (H) in fp32
+    (the record of ReplaySSM, Dao AI Lab: Johnny-Liou/ReplaySSM).
 
     Super: (8192 + 1024) · 2 + 128 · 4 = 18,944 B, 0.45 % of the 4 MiB state: replaying from a
     checkpoint stores a record per draft position instead of a whole state.
@@ -664,7 +607,7 @@ def native_spec_state_writes_bytes(
     """State traffic of one verify step when every position's state is written (vLLM native).
 
     Reads the state once and writes it T times: (1 + T) · S per layer. Super, T = 4: 20 MiB;
-    plain decode (T = 1) moves 8 MiB per token (research/mamba_replay.md §3.1).
+    plain decode (T = 1) moves 8 MiB per token.
     """
     _check_positive_int(num_tokens=num_tokens)
     return (1 + num_tokens) * mamba_state_bytes(shape, bytes_per_element)
@@ -697,7 +640,7 @@ class SpecStateTraffic:
 def spec_state_traffic(shape: Mamba2Shape, window: int, committed_per_step: int, strategy: str,
                        capacity: int = 16, conv_kernel: int = 4, state_bytes: float = 4, act_bytes: float = BF16_BYTES,
                        steps: int = 1000) -> SpecStateTraffic:
-    """The byte model `minispec.ssm.replay`'s stores count, for any shape (research §3.1, §3.2).
+    """The byte model `minispec.ssm.replay`'s stores count, for any shape.
 
     State = SSM state (H·P·N · state_bytes) + conv window ((K-1) · conv_dim · act_bytes),
     conv_dim = H·P + 2·G·N. A record = x (H·P), B (G·N), dt (H, state_bytes), and the pre-conv column

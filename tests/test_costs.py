@@ -1,7 +1,10 @@
-"""The seed figures, reproduced by minispec.costs.
+"""The published figures, reproduced by minispec.costs.
 
-Exact integers where the seed gives exact integers; otherwise the precision the seed quotes
-(0.1 MiB, 3 significant figures, "~").
+Exact integers where the source gives exact integers; otherwise the precision the source quotes
+(0.1 MiB, 3 significant figures, "~"). Sources: "Nemotron 3.5 Bolt E4B: block-parallel speculation
+with DFlash" (the E4B drafter and its config.json), "NVFP4 quantization and QAD of Nemotron 3.5
+Lightning", "Nemotron 3.5 Super and Lightning: Open, Efficient Mixture-of-Experts Hybrid
+Mamba-Transformer Models for Agentic AI", and the repositories named at each test.
 """
 
 import math
@@ -12,21 +15,21 @@ from minispec import costs
 from minispec.costs import (
     E4B_DFLASH,
     GB,
-    GiB,
-    MiB,
     SUPER_MAMBA2,
     DFlashShape,
+    GiB,
+    MiB,
     dflash_kv_cache_bytes,
     dflash_param_count,
 )
 
 
 def sig3(x: float) -> float:
-    """Round to 3 significant figures, the precision the seed quotes."""
+    """Round to 3 significant figures, the precision the sources quote."""
     return float(f"{x:.3g}")
 
 
-# Bolt E4B drafter config.json as published (research/dflash.md §6.5), trimmed to what matters.
+# Bolt E4B drafter config.json as published with the Bolt E4B write-up, trimmed to what matters.
 E4B_CONFIG = {
     "architectures": ["DFlashDraftModel"],
     "model_type": "qwen3",
@@ -78,7 +81,7 @@ def test_e4b_breakdown_part_by_part():
         "lm_head": 262_144 * 2560,  # 671,088,640
         "total": 1_031_568_640,
     }
-    # research/dflash.md §2: "about 360 M without lm_head" for the Bolt drafter.
+    # Without its head the Bolt drafter is about 360 M parameters (5 layers, fc and norms).
     assert parts["total"] - parts["lm_head"] == 360_480_000
 
 
@@ -88,7 +91,8 @@ def test_e4b_head_is_65_1_percent():
 
 
 def test_zlab_qwen3_8b_drafter_is_about_1_05_billion():
-    # research/dflash.md §2: ~0.97 B in the layers, ~84 M in fc, ~1.05 B in total; no own head.
+    # z-lab's Qwen3-8B drafter (its HF config.json, as SpecForge's configs/qwen3-8b-dflash.json repeats it):
+    # ~0.97 B in the layers, ~84 M in fc, ~1.05 B in total; no own head.
     qwen3_8b = DFlashShape(
         num_layers=5, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
         intermediate_size=12288, num_taps=5, target_hidden_size=4096, vocab_size=151936,
@@ -198,7 +202,7 @@ def test_super_75_gb_at_4_82_bits_is_about_124_billion_parameters():
 
 
 def test_ultra_blog_figure_needs_a_small_bf16_share():
-    # research/nvfp4_qad.md §6: Nemotron-3-Ultra 1,121 GB -> 352.3 GB.
+    # Nemotron-3-Ultra's NVFP4 release (Model Optimizer recipe ptq/nvfp4-4o6.yaml): 1,121 GB -> 352.3 GB.
     f = costs.bf16_fraction_for(1121, 352.3)
     assert 0.0 < f < 0.1
     assert costs.quantized_checkpoint_gb(1121, f) == pytest.approx(352.3)
@@ -227,7 +231,7 @@ def test_speedup_model():
 
 
 def test_implied_cycle_cost_from_zlab_readme():
-    # research/dflash.md §5.1, Qwen3-8B, GSM8K, T=0: speedup / tau.
+    # z-lab/dflash README at its first commit (bb48ef9), Qwen3-8B, GSM8K, T=0: speedup / tau.
     dflash = costs.implied_cycle_cost(tau=6.55, measured_speedup=5.20)
     eagle3 = costs.implied_cycle_cost(tau=2.89, measured_speedup=2.13)
     assert round(dflash, 2) == 1.26
@@ -261,7 +265,7 @@ def test_dflash_shape_rejects_nonsense():
 
 
 def test_super_mamba_state_and_replay_record():
-    # research/mamba_replay.md §2.5, §3.1, §3.2.
+    # Nemotron 3 Super's Mamba-2 shapes; ReplaySSM's record (Johnny-Liou/ReplaySSM): x, B in bf16, dt in fp32.
     state = costs.mamba_state_bytes(SUPER_MAMBA2)
     assert state == 128 * 64 * 128 * 4 == 4 * MiB
     record = costs.replay_record_bytes(SUPER_MAMBA2)

@@ -22,7 +22,10 @@ reference, kernel = dflash_attention.reference, dflash_attention.kernel
 def random_inputs(B, T, Hq, Hkv, D, lens, C=None, dtype=torch.float32, seed=0, device=DEVICE):
     g = torch.Generator().manual_seed(seed)
     C = max(lens) if C is None else C
-    make = lambda *shape: torch.randn(*shape, generator=g).to(dtype).to(device)
+
+    def make(*shape):
+        return torch.randn(*shape, generator=g).to(dtype).to(device)
+
     return (make(B, T, Hq, D), make(B, C, Hkv, D), make(B, C, Hkv, D), make(B, T, Hkv, D), make(B, T, Hkv, D),
             torch.tensor(lens, device=device))
 
@@ -187,14 +190,13 @@ def test_dispatch_follows_minispec_backend(monkeypatch, name, reference_runs):
 def test_the_drafter_runs_the_kernel_in_the_speculative_loop(monkeypatch):
     """MINISPEC_BACKEND=triton routes the drafter's attention to the kernel: same draft logits, and
     speculative decoding still equals plain decoding."""
-    from tiny import tiny_gemma
-
     import minispec as ms
     from minispec.dflash.config import DFlashConfig
     from minispec.dflash.drafter import DFlashDrafter
     from minispec.dflash.model import DFlashDraftModel
     from minispec.speculative.batch import as_prompt_batch
     from minispec.speculative.target import HFTarget
+    from tiny import tiny_gemma
 
     target = tiny_gemma(layers=6, window=16, seed=0)
     config = DFlashConfig.for_target(target.config, [1, 4], 3, hidden_size=64, intermediate_size=128,

@@ -1,21 +1,25 @@
-"""Export to the HF-native DFlash format (research/dflash.md §6) and back; what vLLM reads from it."""
+"""Export to the HF-native DFlash format (z-lab/dflash, vLLM's qwen3_dflash.py) and back; what vLLM reads from it."""
 import json
 
 import pytest
 import torch
 from safetensors import safe_open
-from tiny import tiny_gemma
 from transformers import AutoConfig
 
 import minispec as ms
-from minispec.costs import E4B_DFLASH, MiB, DFlashShape, dflash_kv_cache_bytes, dflash_param_count
-from minispec.dflash.config import DFlashConfig, bolt_mini_dflash_config
+from minispec.costs import E4B_DFLASH, DFlashShape, MiB, dflash_kv_cache_bytes, dflash_param_count
+from minispec.dflash.config import FULL, SLIDING, DFlashConfig, bolt_mini_dflash_config, read_hf_config
 from minispec.dflash.drafter import DFlashDrafter
-from minispec.dflash.export import (VLLM_CONFIG_KEYS, VLLM_DFLASH_CONFIG_KEYS, config_from_hf_dflash,
-                                    export_hf_dflash, load_drafter_model, load_hf_dflash)
+from minispec.dflash.export import (
+    VLLM_CONFIG_KEYS,
+    VLLM_DFLASH_CONFIG_KEYS,
+    config_from_hf_dflash,
+    export_hf_dflash,
+    load_drafter_model,
+    load_hf_dflash,
+)
 from minispec.dflash.model import DFlashDraftModel, num_parameters
-
-SLIDING, FULL = "sliding_attention", "full_attention"
+from tiny import tiny_gemma
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +102,79 @@ def test_exported_config_has_every_key_vllm_reads(target, tmp_path, layer_types,
     assert cfg["is_neox_style"] is True
 
 
+def small_hf_config(**changes):
+    """A 3-layer HF-native DFlash config.json with taps [1, 3] of a 6-layer target, stated non-causal;
+    `dflash_<key>=` sets dflash_config[key], a None value removes the key."""
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8, "num_target_layers": 6,
+           "dflash_config": {"mask_token_id": 3, "target_layer_ids": [1, 3], "causal": False},
+           "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 4096}
+    for key, value in changes.items():
+        where, key = (cfg["dflash_config"], key.removeprefix("dflash_")) if key.startswith("dflash_") else (cfg, key)
+        if value is None:
+            del where[key]
+        else:
+            where[key] = value
+    return cfg
+
+
+@pytest.mark.parametrize("keys,layer_types,window", [
+    # The case the cost model and the importer used to read differently: use_sliding_window without
+    # layer_types slides only from layer max_window_layers (28 by default) on, so none of 3 layers.
+    ({"use_sliding_window": True, "sliding_window": 12}, [FULL] * 3, None),
+    ({"use_sliding_window": True, "sliding_window": 12, "max_window_layers": 0}, [SLIDING] * 3, 12),
+    ({"use_sliding_window": True, "sliding_window": 12, "max_window_layers": 2}, [FULL, FULL, SLIDING], 12),
+    ({"use_sliding_window": False, "sliding_window": 12}, [FULL] * 3, None),
+    # use_swa makes every layer slide when none does, with swa_window_size or else sliding_window.
+    ({"use_sliding_window": True, "sliding_window": 12, "dflash_use_swa": True}, [SLIDING] * 3, 12),
+    ({"dflash_use_swa": True, "dflash_swa_window_size": 10}, [SLIDING] * 3, 10),
+    ({"layer_types": [SLIDING, FULL, SLIDING], "dflash_swa_window_size": 10}, [SLIDING, FULL, SLIDING], 10),
+])
+def test_layer_types_and_window_are_what_vllm_runs(tmp_path, keys, layer_types, window):
+    """Each layer's attention type and window, read the way vLLM reads them.
+
+    vLLM and z-lab load a DFlash config.json (model_type "qwen3") into transformers' Qwen3Config
+    (huggingface/transformers, src/transformers/models/qwen3/configuration_qwen3.py), which fills a
+    missing layer_types with "sliding_attention" only from layer max_window_layers (default 28) on, and
+    only with use_sliding_window; z-lab/dflash dflash/model.py (Qwen3DFlashAttention) then uses those
+    layer_types and sliding_window as they are. vllm-project/vllm
+    vllm/model_executor/models/qwen3_dflash.py (_resolve_layer_attention) adds dflash_config.use_swa
+    (every layer slides if none does) and dflash_config.swa_window_size. `vllm_view` restates that code
+    on the config transformers actually loads; the cost model, the importer and the resolver must agree.
+    """
+    cfg = small_hf_config(**keys)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    _, _, vllm_layers, _ = vllm_view(tmp_path)
+    expected = [(window if kind == SLIDING else None, False) for kind in layer_types]
+    assert vllm_layers == expected
+    resolved = read_hf_config(cfg)
+    assert list(resolved.layer_types) == layer_types and resolved.sliding_window == window
+    shape = DFlashShape.from_hf_config(cfg)
+    assert list(shape.layer_types) == layer_types and shape.sliding_window == window
+    config = config_from_hf_dflash(cfg, has_lm_head=False)
+    assert [(config.window_of(i), False) for i in range(3)] == expected
+
+
+def test_sliding_layers_are_causal_unless_the_config_says_otherwise(tmp_path):
+    """vllm-project/vllm vllm/model_executor/models/qwen3_dflash.py (_dflash_layer_causal): the top-level
+    is_causal, else dflash_config.causal, decides for every layer; when neither is given, exactly the
+    sliding layers are causal (z-lab/dflash dflash/model.py has the same default). minispec's drafter is
+    never causal, so it refuses such a file."""
+    cfg = small_hf_config(layer_types=[SLIDING, FULL, SLIDING], dflash_swa_window_size=10, dflash_causal=None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    _, _, vllm_layers, _ = vllm_view(tmp_path)
+    assert vllm_layers == [(10, True), (None, False), (10, True)]
+    assert read_hf_config(cfg).causal == (True, False, True)
+    with pytest.raises(ValueError, match=r"layers \[0, 2\] of this DFlash drafter are causal"):
+        config_from_hf_dflash(cfg, has_lm_head=False)
+    assert read_hf_config(small_hf_config(dflash_causal=None)).causal == (False,) * 3  # z-lab's full-attention drafters
+    assert read_hf_config(small_hf_config(dflash_causal=None, is_causal=False,
+                                          layer_types=[SLIDING] * 3, sliding_window=10, use_sliding_window=True)
+                          ).causal == (False,) * 3
+    with pytest.raises(ValueError, match="sliding layers but no window"):
+        read_hf_config(small_hf_config(layer_types=[SLIDING] * 3, sliding_window=10))  # no use_sliding_window
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_round_trip_gives_the_same_drafter(target, tmp_path, dtype):
     model = drafter_model(target, has_own_lm_head=True, layer_types=[SLIDING, FULL])
@@ -134,7 +211,7 @@ def test_cost_model_reads_the_export(target, tmp_path):
     assert shape.sliding_window == 12 and shape.num_taps == 3 and shape.block_size == 8
 
 
-# Bolt E4B's drafter config as published (research/dflash.md §6.5).
+# Bolt E4B's drafter config.json as published with "Nemotron 3.5 Bolt E4B: block-parallel speculation with DFlash".
 E4B_CONFIG = {
     "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,
     "dflash_config": {"mask_token_id": 4, "target_layer_ids": [5, 11, 17, 23, 35], "use_swa": True,
@@ -209,6 +286,11 @@ def test_bad_files_say_what_is_wrong(target, tmp_path):
     del cfg["dflash_config"]["target_layer_ids"]
     cfg["eagle_aux_hidden_state_layer_ids"] = [2, 4, 5]
     assert config_from_hf_dflash(cfg, False).target_layer_ids == [1, 3, 4]
+
+    cfg["dflash_config"]["target_layer_ids"] = [0, 3, 4]
+    with pytest.raises(ValueError, match=r"eagle_aux_hidden_state_layer_ids \[2, 4, 5\] .* disagree"):
+        config_from_hf_dflash(cfg, False)
+    del cfg["dflash_config"]["target_layer_ids"]
 
     cfg["eagle_aux_hidden_state_layer_ids"] = [2, 4]  # two taps, but fc was trained on three
     (folder / "config.json").write_text(json.dumps(cfg))

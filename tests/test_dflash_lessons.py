@@ -2,17 +2,17 @@
 import matplotlib
 import pytest
 import torch
-from tiny import assert_same_as_ar, tiny_gemma
 
 import minispec as ms
 from minispec import costs
-from minispec.lessons import dflash as lessons
-from minispec.dflash import mask as dmask
 from minispec.bench.dflash import TimedDrafter, acceptance, side_by_side
+from minispec.dflash import mask as dmask
 from minispec.dflash.config import DFlashConfig
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.dflash.model import DFlashDraftModel
 from minispec.drafters import NGramDrafter
+from minispec.lessons import dflash as lessons
+from tiny import assert_same_as_ar, tiny_gemma
 
 matplotlib.use("Agg")
 

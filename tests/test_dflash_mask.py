@@ -1,8 +1,10 @@
 """DFlash training blocks: anchors, the block mask, same-position labels and decayed loss weights.
 
-The mask is checked against a brute-force construction written straight from the rules in
-research/dflash.md §4; each known mask bug, built into that brute force on purpose, must disagree
-with the real mask (test_dflash_model.py shows each also breaks training = inference logits).
+The mask is checked against a brute-force construction written straight from the rules of the public
+trainers (SpecForge specforge/core/dflash.py, Model Optimizer hf_dflash.py; see minispec.dflash.mask);
+each known mask bug (M1, M3-M5, numbered as in test_dflash_model.py), built into that brute force on
+purpose, must disagree with the real mask (test_dflash_model.py shows each also breaks training =
+inference logits).
 """
 import math
 
@@ -15,8 +17,8 @@ from minispec.dflash import mask as dm
 def brute_force_mask(anchors, valid, S, T, window=None, *, causal_block=False, anchor_visible=False,
                      see_other_blocks=False, padding_sees=False):
     """allow[b, q, key] from the rules, one entry at a time. The keyword flags inject the known bugs:
-    causal_block (#1), anchor_visible (`<=` instead of `<`, #3), see_other_blocks (cross-block leak, #4),
-    padding_sees (padding blocks not isolated, #5)."""
+    causal_block (M1), anchor_visible (`<=` instead of `<`, M3), see_other_blocks (cross-block leak, M4),
+    padding_sees (padding blocks not isolated, M5)."""
     Bs, N = anchors.shape
     allow = torch.zeros(Bs, N * T, S + N * T, dtype=torch.bool)
     for b in range(Bs):
@@ -96,7 +98,10 @@ def test_anchors_are_drawn_per_sequence_from_its_own_candidates():
 
 def test_anchor_sampling_is_seeded_and_uniform_over_candidates():
     loss_mask = torch.ones(1, 12, dtype=torch.long)
-    draw = lambda seed: dm.sample_anchors(loss_mask, 4, 3, torch.Generator().manual_seed(seed))[0]
+
+    def draw(seed):
+        return dm.sample_anchors(loss_mask, 4, 3, torch.Generator().manual_seed(seed))[0]
+
     assert torch.equal(draw(5), draw(5))
     counts = torch.zeros(12)
     g = torch.Generator().manual_seed(6)
@@ -133,7 +138,6 @@ def test_blocks_labels_are_the_same_positions_and_the_anchor_has_no_loss():
 
 
 def test_loss_weights_follow_the_loss_mask_and_validity():
-    x = torch.arange(20)[None].repeat(2, 1)
     loss_mask = torch.ones(2, 20, dtype=torch.long)
     loss_mask[0, 6] = 0
     anchors, valid = torch.tensor([[4, 10], [4, 0]]), torch.tensor([[True, True], [True, False]])

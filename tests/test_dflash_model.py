@@ -1,13 +1,13 @@
 """The DFlash drafter: taps, shared embedding and head, training = inference, the drafter in the loop.
 
-research/dflash.md §4 lists five train/inference mismatches that sank public re-implementations. The
-ones that live in this code each get a check that passes on the real code and fails when the bug is
-injected on purpose:
+Public DFlash re-implementations were sunk by five train/inference mismatches, M1-M5 below (found in
+SpecForge #427 and #455 -> #473). The ones that live in this code each get a check that passes on the
+real code and fails when the bug is injected on purpose:
 
-    mask: causal block (#1), context `<=` anchor (#3), blocks leaking into each other (#4),
-          padding blocks not isolated (#5)          -> test_each_injected_mismatch_breaks_equality
+    mask: causal block (M1), context `<=` anchor (M3), blocks leaking into each other (M4),
+          padding blocks not isolated (M5)          -> test_each_injected_mismatch_breaks_equality
     positions (block positions off by one)          -> test_each_injected_mismatch_breaks_equality
-    label alignment: labels shifted by +1 (#2)      -> test_labels_are_what_verification_checks
+    label alignment: labels shifted by +1 (M2)      -> test_labels_are_what_verification_checks
     embedding scaling / shared head (Gemma)         -> test_embedding_..., test_shared_head_...
     tap indexing (output vs input of layer i)       -> test_taps_are_the_outputs_of_the_tapped_layers
 
@@ -16,21 +16,20 @@ Models are tiny and random (tests/tiny.py); exactness of the loop does not depen
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny import assert_same_as_ar, tiny_gemma
 
 import minispec as ms
 from minispec.costs import DFlashShape, dflash_kv_cache_bytes, dflash_param_count
 from minispec.dflash import mask as dm
-from minispec.drafters import Proposal, Sampling
-from minispec.dflash.config import DFlashConfig, bolt_mini_dflash_config, mask_token_id_of
+from minispec.dflash.config import FULL, SLIDING, DFlashConfig, bolt_mini_dflash_config, mask_token_id_of
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.dflash.export import hf_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
+from minispec.drafters import Proposal, Sampling
 from minispec.speculative.batch import as_prompt_batch
 from minispec.speculative.target import HFTarget
 from minispec.targets.load import CHECKPOINTS
+from tiny import assert_same_as_ar, tiny_gemma
 
-SLIDING, FULL = "sliding_attention", "full_attention"
 MASK_ID = 3
 
 
@@ -65,7 +64,9 @@ def layer_outputs(target, ids, layers):
     """The outputs of target layers, caught by forward hooks: ground truth for the taps."""
     caught, handles = {}, []
     for i in layers:
-        hook = lambda mod, args, out, i=i: caught.__setitem__(i, out[0] if isinstance(out, tuple) else out)
+        def hook(mod, args, out, i=i):
+            caught[i] = out[0] if isinstance(out, tuple) else out
+
         handles.append(target.model.layers[i].register_forward_hook(hook))
     with torch.no_grad():
         out = target(ids, output_hidden_states=True)
@@ -190,7 +191,7 @@ def test_each_injected_mismatch_breaks_equality(target, bug):
 def test_labels_are_what_verification_checks():
     """Block position k is verified against the target's token at position anchor + k, so it must be
     trained on x[a + k]. An oracle that outputs the target's own prediction for each position is 100%
-    right under the real labels, and almost never under labels shifted by one (#2)."""
+    right under the real labels, and almost never under labels shifted by one (M2)."""
     target = tiny_gemma(layers=4, window=16, seed=3, dtype=torch.float64)  # float64: no argmax ties
     prompt = torch.randint(4, 4096, (1, 6), generator=torch.Generator().manual_seed(4))
     x = torch.cat([prompt, ms.autoregressive_generate(target, prompt, 40).tokens], dim=1)  # greedy text
@@ -305,8 +306,11 @@ def test_draft_cache_holds_only_committed_context(target, commit_all):
 
 def test_drafts_are_argmax_at_any_temperature(target):
     drafter = DFlashDrafter(drafter_model(target), target)
-    run = lambda seed: ms.speculative_generate(target, drafter, ragged_prompts(), 12, temperature=1.0, top_k=50,
-                                               generator=torch.Generator().manual_seed(seed)).tokens
+
+    def run(seed):
+        return ms.speculative_generate(target, drafter, ragged_prompts(), 12, temperature=1.0, top_k=50,
+                                       generator=torch.Generator().manual_seed(seed)).tokens
+
     assert torch.equal(run(3), run(3))
     proposal = drafter.propose(torch.tensor([5, 6, 7]), 7, Sampling(1.0), torch.Generator())
     assert proposal.q is None  # one-hot: verification accepts d_k with probability p_k(d_k)

@@ -1,4 +1,4 @@
-"""Mamba-2 reference (minispec.ssm.mamba2): the chunked SSD scan equals the step recurrence, prefill
+"""Mamba-2 reference (minispec.ssm: ssd, state, mamba2): the chunked SSD scan equals the step recurrence, prefill
 then decode equals one long prefill, the rolling conv window equals the full convolution, the mixer
 equals transformers' NemotronH Mamba-2 mixer on the same weights, poisoned states and bad shapes give
 clear errors.
@@ -15,23 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minispec.ssm.mamba2 import (
-    Mamba2Config,
-    Mamba2Mixer,
-    Mamba2State,
-    Mamba2StateError,
-    causal_conv1d,
-    check_state,
-    conv_state_from_hf,
-    conv_state_to_hf,
-    discretize,
-    gated_rms_norm,
-    segsum,
-    split_projection,
-    ssd_chunked,
-    ssd_sequential,
-    ssd_step,
-)
+from minispec.ssm.config import Mamba2Config
+from minispec.ssm.mamba2 import Mamba2Mixer, split_projection
+from minispec.ssm.ssd import causal_conv1d, discretize, gated_rms_norm, segsum, ssd_chunked, ssd_sequential, ssd_step
+from minispec.ssm.state import Mamba2State, Mamba2StateError, check_state, conv_state_from_hf, conv_state_to_hf
 
 F64 = torch.float64
 TINY = dict(hidden_size=24, num_heads=6, head_dim=4, state_size=8, n_groups=2, conv_kernel=4, chunk_size=8)
@@ -40,7 +27,10 @@ TINY = dict(hidden_size=24, num_heads=6, head_dim=4, state_size=8, n_groups=2, c
 def random_ssd_inputs(b, T, H, P, G, N, seed, dtype=F64, strong_decay=False):
     """x [b,T,H,P], dt [b,T,H] > 0, A [H] < 0, B, C [b,T,G,N], D [H], h0 [b,H,P,N]."""
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=dtype)  # noqa: E731
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=dtype)
+
     dt = F.softplus(r(b, T, H) - 1.0)
     A = -torch.exp(r(H))
     if strong_decay:  # log-decays down to about -100 per token: exp() underflows inside a chunk
@@ -110,7 +100,7 @@ def test_chunked_strong_decay_no_nan():
 
 
 def test_step_and_closed_form_decay_indices():
-    """The decay-index trap (research/mamba_replay.md §1.2), checked against the closed form:
+    """The decay-index trap, checked against the closed form:
     y_t = exp(cum_t) (h0 C_t) + sum_{i<=t} (C_t . B_i) dt_i exp(cum_t - cum_i) x_i + D x_t,
     where cum_t includes token t's own log-decay and exp(cum_t - cum_i) excludes token i's."""
     b, T, H, P, G, N = 1, 5, 2, 3, 1, 4
@@ -303,7 +293,8 @@ def test_matches_transformers_with_left_padding():
 @needs_hf_torch
 def test_transformers_dt_clamp_differs_between_prefill_and_decode():
     """transformers' NemotronH mixer clamps dt >= time_step_min (1e-3) in its chunked path but not in
-    its step path (research/mamba_replay.md §5.3). Ours applies one `time_step_limit` in both paths:
+    its step path (transformers' modeling_nemotron_h.py: `time_step_limit = (config.time_step_min, inf)` is
+    passed to the chunked scan only). Ours applies one `time_step_limit` in both paths:
     `from_nemotron_h` picks (time_step_min, inf) = HF's prefill; HF's decode is reproduced with (0, inf).
     With dt far below 1e-3 on some heads, this test shows all three facts."""
     from transformers import DynamicCache

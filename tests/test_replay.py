@@ -4,8 +4,11 @@ import math
 import pytest
 import torch
 
-from minispec.ssm.mamba2 import Mamba2Config, Mamba2Mixer, Mamba2State, Mamba2StateError, ssd_sequential
+from minispec.ssm.config import Mamba2Config
+from minispec.ssm.mamba2 import Mamba2Mixer
 from minispec.ssm.replay import CheckpointReplay, PerPositionStates, make_store, replay_flush, replay_verify
+from minispec.ssm.ssd import ssd_sequential
+from minispec.ssm.state import Mamba2State, Mamba2StateError
 
 CFG = Mamba2Config(hidden_size=24, num_heads=4, head_dim=6, state_size=8, n_groups=2, conv_kernel=4, chunk_size=8,
                    time_step_limit=(0.0, math.inf))
@@ -24,7 +27,10 @@ def mixer(dtype, seed=0):
 def records(b, L, dtype, seed=1):
     g = torch.Generator().manual_seed(seed)
     H, P, N, G = CFG.num_heads, CFG.head_dim, CFG.state_size, CFG.n_groups
-    r = lambda *s: torch.randn(*s, generator=g, dtype=dtype)  # noqa: E731
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=dtype)
+
     return (r(b, H, P, N), r(b, L, H, P), torch.rand(b, L, H, generator=g, dtype=dtype) * 0.5 + 0.01,
             r(b, L, G, N), r(b, L, G, N), -torch.linspace(0.5, 2, H, dtype=dtype), r(H))
 
@@ -192,7 +198,8 @@ def test_replay_writes_at_least_4x_fewer_state_bytes_at_T4():
     conv = 3 * (128 * 64 + 2 * 8 * 128) * 2
     assert pp.written_per_step == 4 * (4 * MiB + conv)  # T states written per verify step
     rp = costs.spec_state_traffic(costs.SUPER_MAMBA2, 4, 3, "replay")
-    record = 18_944 + (128 * 64 + 2 * 8 * 128) * 2  # research §2.5's record + the pre-conv column
+    # a record: bf16 x|B (8192 + 1024 values) and fp32 dt (128), then the bf16 pre-conv column
+    record = (8192 + 1024) * 2 + 128 * 4 + (128 * 64 + 2 * 8 * 128) * 2
     assert rp.memory_per_request == 4 * MiB + conv + 16 * record  # 1 state + a ring of 16
     assert pp.memory_per_request / rp.memory_per_request > 3  # vs T states
     with pytest.raises(ValueError, match="does not fit"):

@@ -7,7 +7,10 @@ from minispec.ssm.replay import replay_flush, replay_verify
 
 def records(b, L, H, P, N, G, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+
+    def r(*s):
+        return torch.randn(*s, generator=g)
+
     out = (r(b, H, P, N), r(b, L, H, P), torch.rand(b, L, H, generator=g) * 0.5 + 0.01, r(b, L, G, N),
            -torch.linspace(0.5, 3, H), r(H))
     return [t.to(device) for t in out]
@@ -48,6 +51,22 @@ def test_kernel_refuses_bad_shapes():
         replay_verify.kernel(S0, x, dt, B, torch.zeros(1, 3, 1, 8), A, D, 2)
     with pytest.raises(ValueError, match="dt must be"):
         replay_flush.kernel(S0, x, dt[:, :2], B, A)
+
+
+@pytest.mark.parametrize("side", ["reference", "kernel"])
+def test_reference_and_kernel_share_their_checks(side):
+    """One set of checks (`check_replay_verify_args`), so both sides refuse the same input the same way."""
+    S0, x, dt, B, A, D = records(1, 4, 2, 4, 8, 1)
+    C = torch.zeros(1, 2, 1, 8)
+    verify = getattr(replay_verify, side)
+    with pytest.raises(ValueError, match=r"replay_verify: D must be \[H\] = \(2,\)"):
+        verify(S0, x, dt, B, C, A, D[:1], 2)
+    with pytest.raises(ValueError, match=r"replay_verify: start must be an int in \[0, L\) = \[0, 4\)"):
+        verify(S0, x, dt, B, C, A, D, 4)
+    with pytest.raises(ValueError, match="replay_verify: start must be an int"):
+        verify(S0, x, dt, B, C, A, D, 2.0)
+    with pytest.raises(ValueError, match="replay_flush: A must be"):
+        getattr(replay_flush, side)(S0, x, dt, B, A[:1])
 
 
 @pytest.mark.gpu

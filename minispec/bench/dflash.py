@@ -1,7 +1,8 @@
 """DFlash against autoregressive decoding: acceptance on the frozen eval set, wall clock side by side,
 and the cost model's prediction from the measured parts (`python -m minispec.bench dflash`).
 
-The seed's cost model (`minispec.costs.speedup`): speedup = tau * C_t / (C_d + C_v), with C_t one plain
+The speedup formula of "Nemotron 3.5 Bolt E4B: block-parallel speculation with DFlash"
+(`minispec.costs.speedup`): speedup = tau * C_t / (C_d + C_v), with C_t one plain
 decode step, C_d the drafter's cost per cycle (one block forward + committing context) and C_v the
 verify forward plus the loop's own overhead per cycle. Here each is measured in the same run that
 measures the speedup, so a missed target can be attributed to tau, to C_d or to C_v.

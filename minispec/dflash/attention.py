@@ -2,8 +2,10 @@
 
 The drafter's layers call `dflash_attention` at inference (`minispec.dflash.model`); training builds
 the equivalent boolean mask for all blocks at once (`minispec.dflash.mask`) and calls
-`masked_attention`. The Triton kernel `minispec.kernels.attention.dflash_attention` has the same
-signature and is checked against `dflash_attention` here with `check_attention_args`.
+`masked_attention`. `dflash_attention` is the reference of the Triton kernel
+`minispec.kernels.attention.dflash_attention` (kernels/attention.py): same signature, arguments checked
+by the same `check_attention_args`, and CUDA tensors dispatched to it. tests/test_dflash_attention.py
+checks the kernel against this reference.
 """
 from __future__ import annotations
 

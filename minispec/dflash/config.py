@@ -1,7 +1,8 @@
 """The configuration of a DFlash drafter: its Qwen3-style backbone, and how it plugs into its target.
 
-A DFlash drafter (research/dflash.md §2) is a small non-causal decoder that reads the target's hidden
-states. Three groups of fields describe it:
+A DFlash drafter (Chen, Liang, Liu, "DFlash: Block Diffusion for Flash Speculative Decoding",
+arXiv:2602.06036; reference code z-lab/dflash, `dflash/model.py`) is a small non-causal decoder that
+reads the target's hidden states. Three groups of fields describe it:
 
 * the backbone: ``hidden_size``, ``num_hidden_layers``, heads, ``head_dim``, ``intermediate_size``,
   ``layer_types`` / ``sliding_window`` (per-layer sliding-window attention), RoPE ``rope_theta``;
@@ -14,16 +15,29 @@ states. Three groups of fields describe it:
 
 The tap ids are data, never a formula: E4B taps ``[5, 11, 17, 23, 35]`` of 42 layers, which is not
 what z-lab's default spacing would give, so every loader reads them from the config.
+
+`read_hf_config` is the one reader of the HF-native ``config.json`` that vLLM, z-lab and SGLang load
+(the cost model, the importer and the drafter loader all go through it): it resolves each layer's
+attention type, window and causality, and the taps, exactly as vLLM does.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 
-# Gamma of the loss decay w_k = exp(-(k-1)/gamma) suggested per block size (research/dflash.md §4).
+# Gamma of the loss decay w_k = exp(-(k-1)/gamma) suggested per block size by the DFlash paper (Eq. 4,
+# as SpecForge's scripts/train_dflash.py and ModelOpt's DFlash recipe quote it).
 DEFAULT_GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
+
+
+def default_layer_types(num_layers: int, sliding_window: int | None) -> list[str]:
+    """minispec's shorthand when no ``layer_types`` are given: every layer sliding if a window is set."""
+    return [SLIDING if sliding_window is not None else FULL] * num_layers
 
 
 class DFlashConfig(PretrainedConfig):
@@ -60,8 +74,7 @@ class DFlashConfig(PretrainedConfig):
 
     def __post_init__(self, **kwargs):
         if self.layer_types is None:
-            kind = SLIDING if self.sliding_window is not None else FULL
-            self.layer_types = [kind] * self.num_hidden_layers
+            self.layer_types = default_layer_types(self.num_hidden_layers, self.sliding_window)
         self.layer_types = list(self.layer_types)
         if self.target_layer_ids is not None:
             self.target_layer_ids = [int(i) for i in self.target_layer_ids]
@@ -116,7 +129,7 @@ class DFlashConfig(PretrainedConfig):
         return self.sliding_window if self.layer_types[layer] == SLIDING else None
 
     @classmethod
-    def for_target(cls, target_config, target_layer_ids, mask_token_id: int, **kwargs) -> "DFlashConfig":
+    def for_target(cls, target_config, target_layer_ids, mask_token_id: int, **kwargs) -> DFlashConfig:
         """A drafter config that fits `target_config` (an HF config): vocab, target width and depth,
         and the target's final-logit softcapping are copied from it; everything else is `kwargs`."""
         fields = dict(
@@ -142,6 +155,144 @@ def check_tap_ids(ids, num_target_layers: int) -> None:
                          f"in [0, {num_target_layers - 2}] (the last layer's output is not available as a tap)")
     if len(set(ids)) != len(ids):
         raise ValueError(f"target_layer_ids {list(ids)} repeat a layer")
+
+
+# The defaults of transformers' Qwen3Config, which vLLM, z-lab and SpecForge all load a DFlash
+# config.json into (its model_type is "qwen3").
+QWEN3_SLIDING_WINDOW = 4096
+QWEN3_MAX_WINDOW_LAYERS = 28
+
+
+@dataclass(frozen=True)
+class HFDFlashConfig:
+    """An HF-native DFlash ``config.json``, resolved: what vLLM builds from it, layer by layer.
+
+    ``layer_types`` / ``sliding_window`` / ``causal``: each layer's attention as vLLM runs it (the window
+    is None when no layer slides). ``target_layer_ids``: DFlash semantics, the OUTPUT of layer i; None
+    when the file names no taps. The other optional fields are None when the file does not state them.
+    """
+
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    target_hidden_size: int
+    attention_bias: bool
+    layer_types: tuple[str, ...]
+    sliding_window: int | None
+    causal: tuple[bool, ...]
+    target_layer_ids: tuple[int, ...] | None
+    num_target_layers: int | None
+    block_size: int | None
+    mask_token_id: int | None
+    has_own_lm_head: bool | None
+    has_embed_tokens: bool | None
+
+
+def _draft_value(cfg: Mapping, key: str):
+    """``dflash_config[key]``, falling back to the top level (as vLLM, z-lab and SGLang read it)."""
+    inner = cfg.get("dflash_config") or {}
+    return inner[key] if inner.get(key) is not None else cfg.get(key)
+
+
+def read_hf_config(cfg: Mapping) -> HFDFlashConfig:
+    """Resolve a parsed HF-native DFlash ``config.json`` (the layout z-lab publishes and vLLM serves).
+
+    Attention, in three steps that reproduce vLLM (vllm-project/vllm,
+    ``vllm/model_executor/models/qwen3_dflash.py``):
+
+    1. transformers' ``Qwen3Config`` fills ``layer_types`` when the file has none: layer i slides iff
+       ``use_sliding_window`` is true and i >= ``max_window_layers`` (default 28); and it keeps
+       ``sliding_window`` (default 4096) only when ``use_sliding_window`` is true. So
+       ``use_sliding_window: true`` alone leaves every layer of a drafter of up to 28 layers at full
+       attention. z-lab's reference (``dflash/model.py``) stops here.
+    2. vLLM's ``_resolve_layer_attention``: ``dflash_config.use_swa`` makes every layer slide when
+       none does; the window is ``dflash_config.swa_window_size``, else the ``sliding_window`` of step 1.
+    3. vLLM's ``_dflash_layer_causal``: a layer is causal if the top-level ``is_causal`` says so, else
+       if ``dflash_config.causal`` does, else iff step 1 made it sliding (z-lab's default too). A
+       non-causal SWA drafter must therefore state ``causal: false``.
+
+    Taps: vLLM's ``eagle_aux_hidden_state_layer_ids`` count the INPUT of layer i, so they are the
+    DFlash ids + 1 (``eagle3_utils.get_eagle3_aux_layers_from_config`` prefers them, else takes
+    ``dflash_config.target_layer_ids``, else the top-level ``target_layer_ids``). They are checked
+    against ``num_target_layers`` when the file gives it.
+    """
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"a DFlash config must be a mapping (a parsed config.json), got {type(cfg).__name__}")
+    dflash = cfg.get("dflash_config") or {}
+    if not isinstance(dflash, Mapping):
+        raise ValueError(f"dflash_config must be a mapping, got {type(dflash).__name__}")
+
+    def need(key: str):
+        if cfg.get(key) is None:
+            raise ValueError(f"the DFlash config lacks {key!r}")
+        return cfg[key]
+
+    layers, hidden, heads = need("num_hidden_layers"), need("hidden_size"), need("num_attention_heads")
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise ValueError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}); "
+                             f"give head_dim")
+        head_dim = hidden // heads
+
+    # 1. What transformers' Qwen3Config makes of the file.
+    window = cfg.get("sliding_window", QWEN3_SLIDING_WINDOW) if cfg.get("use_sliding_window") else None
+    loaded = cfg.get("layer_types")
+    if loaded is None:
+        first = cfg.get("max_window_layers", QWEN3_MAX_WINDOW_LAYERS)
+        loaded = [SLIDING if window is not None and i >= first else FULL for i in range(layers)]
+    loaded = tuple(loaded)
+    if len(loaded) != layers:
+        raise ValueError(f"layer_types has {len(loaded)} entries for {layers} layers")
+    # 2. vLLM's use_swa and swa_window_size.
+    layer_types = (SLIDING,) * layers if dflash.get("use_swa") and SLIDING not in loaded else loaded
+    window = dflash.get("swa_window_size", window) if SLIDING in layer_types else None
+    if SLIDING in layer_types and window is None:
+        raise ValueError("the DFlash config has sliding layers but no window: give dflash_config.swa_window_size, "
+                         "or sliding_window with use_sliding_window: true")
+    # 3. vLLM's causality.
+    stated = cfg.get("is_causal")
+    if stated is None:
+        stated = dflash.get("causal")
+    causal = tuple(bool(stated) if stated is not None else kind == SLIDING for kind in loaded)
+
+    num_target_layers = _draft_value(cfg, "num_target_layers")
+    ids = _draft_value(cfg, "target_layer_ids")
+    aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+    if aux:
+        from_aux = [i - 1 for i in aux]
+        if ids is not None and list(ids) != from_aux:
+            raise ValueError(f"eagle_aux_hidden_state_layer_ids {list(aux)} (input of layer i) disagree with "
+                             f"target_layer_ids {list(ids)} (output of layer i): they must be the ids + 1")
+        ids = from_aux
+    if ids is not None:
+        ids = tuple(ids)
+        if not ids:
+            raise ValueError("target_layer_ids is empty: a DFlash drafter needs at least one tap")
+        if num_target_layers is not None:
+            check_tap_ids(ids, num_target_layers)
+
+    top_block, inner_block = cfg.get("block_size"), dflash.get("block_size")
+    if top_block is not None and inner_block is not None and top_block != inner_block:
+        raise ValueError(f"block_size {top_block} at the top level but {inner_block} in dflash_config")
+
+    return HFDFlashConfig(
+        num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
+        intermediate_size=need("intermediate_size"), vocab_size=need("vocab_size"),
+        target_hidden_size=cfg.get("target_hidden_size") or hidden,
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        layer_types=layer_types, sliding_window=window, causal=causal,
+        target_layer_ids=ids, num_target_layers=num_target_layers,
+        block_size=inner_block if inner_block is not None else top_block,
+        mask_token_id=_draft_value(cfg, "mask_token_id"),
+        has_own_lm_head=cfg.get("has_own_lm_head", cfg.get("has_lm_head")),
+        has_embed_tokens=cfg.get("has_embed_tokens"),
+    )
 
 
 def mask_token_id_of(tokenizer) -> int:

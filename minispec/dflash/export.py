@@ -1,6 +1,7 @@
 """Export to (and import from) the HF-native DFlash format that z-lab's code, vLLM and SGLang read.
 
-research/dflash.md §6: a folder with `config.json` and `model.safetensors`.
+A folder with `config.json` and `model.safetensors`, as z-lab publishes its drafters (z-lab/dflash) and
+vLLM loads them (`vllm/model_executor/models/qwen3_dflash.py`):
 
 * config: `architectures: ["DFlashDraftModel"]`, `model_type: "qwen3"` (so `AutoConfig` gives a
   `Qwen3Config` carrying the extra keys), the Qwen3 backbone keys, top-level `block_size`,
@@ -10,6 +11,7 @@ research/dflash.md §6: a folder with `config.json` and `model.safetensors`.
 * weights: the drafter's own tensors only, named without a `model.` prefix; `lm_head.weight` only
   when the drafter owns its head (vLLM then uses it, else it shares the target's).
 
+Reading goes through `minispec.dflash.config.read_hf_config`, the one resolver of that format.
 minispec's own `save_pretrained` folder (model_type "minispec_dflash") keeps the same weight names;
 `load_drafter_model` reads either format.
 """
@@ -22,7 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from minispec.dflash.config import FULL, SLIDING, DFlashConfig
+from minispec.dflash.config import SLIDING, DFlashConfig, read_hf_config
 from minispec.dflash.model import DFlashDraftModel
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -99,63 +101,42 @@ def export_hf_dflash(model: DFlashDraftModel, folder, dtype: torch.dtype | None 
     return folder
 
 
-def _pick(cfg: dict, key: str):
-    """`dflash_config[key]`, falling back to the top level (as SGLang and vLLM read it)."""
-    inner = cfg.get("dflash_config") or {}
-    return inner[key] if inner.get(key) is not None else cfg.get(key)
-
-
 def config_from_hf_dflash(cfg: dict, has_lm_head: bool, target_config=None) -> DFlashConfig:
-    """A `DFlashConfig` from an HF-native `config.json` (parsed), resolving keys as vLLM does.
+    """A `DFlashConfig` from an HF-native `config.json` (parsed), resolved as vLLM resolves it (`read_hf_config`).
 
     has_lm_head: whether the weights hold `lm_head.weight`. target_config fills what the file may
     lack (num_target_layers, final_logit_softcapping) and is checked against what it states.
     """
-    inner = cfg.get("dflash_config") or {}
     if ARCHITECTURE not in (cfg.get("architectures") or []):
         raise ValueError(f"not a DFlash drafter config: architectures is {cfg.get('architectures')!r}, expected "
                          f"[{ARCHITECTURE!r}]")
-    top_block, inner_block = cfg.get("block_size"), inner.get("block_size")
-    if top_block is not None and inner_block is not None and top_block != inner_block:
-        raise ValueError(f"block_size {top_block} at the top level but {inner_block} in dflash_config")
-    block_size = inner_block or top_block
-    if block_size is None:
+    hf = read_hf_config(cfg)
+    if hf.block_size is None:
         raise ValueError("the DFlash config gives no block_size")
-    ids = _pick(cfg, "target_layer_ids")
-    if ids is None and cfg.get("eagle_aux_hidden_state_layer_ids"):
-        ids = [i - 1 for i in cfg["eagle_aux_hidden_state_layer_ids"]]  # vLLM's "input of layer i" ids
-    if not ids:
+    if hf.target_layer_ids is None:
         raise ValueError("the DFlash config gives no target_layer_ids; they are never recomputed")
-    mask_token_id = _pick(cfg, "mask_token_id")
-    num_target_layers = _pick(cfg, "num_target_layers")
+    causal = [i for i, c in enumerate(hf.causal) if c]
+    if causal:
+        raise ValueError(f"layers {causal} of this DFlash drafter are causal (is_causal or dflash_config.causal, or "
+                         f"sliding layers without dflash_config.causal: false, which vLLM runs causally); minispec's "
+                         f"drafter attends non-causally within a block")
+    num_target_layers = hf.num_target_layers
     softcap = cfg.get("final_logit_softcapping")
     if target_config is not None:
         if num_target_layers is None:
             num_target_layers = target_config.num_hidden_layers
         if "final_logit_softcapping" not in cfg:
             softcap = getattr(target_config, "final_logit_softcapping", None)
-
-    # Sliding layers, as vLLM resolves them: use_swa forces every layer when layer_types has none.
-    layers = cfg["num_hidden_layers"]
-    layer_types = cfg.get("layer_types")
-    window = inner.get("swa_window_size", cfg.get("sliding_window"))
-    if layer_types is None or (inner.get("use_swa") and SLIDING not in layer_types):
-        layer_types = [SLIDING if inner.get("use_swa") else FULL] * layers
-    if SLIDING not in layer_types:
-        window = None
-    if inner.get("causal") is True or cfg.get("is_causal") is True:
-        raise ValueError("this DFlash drafter is causal; minispec's drafter attends non-causally within a block")
     rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 1_000_000.0))
     return DFlashConfig(
-        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
-        num_hidden_layers=layers, num_attention_heads=cfg["num_attention_heads"],
-        num_key_value_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
+        num_hidden_layers=hf.num_hidden_layers, num_attention_heads=hf.num_attention_heads,
+        num_key_value_heads=hf.num_key_value_heads, head_dim=hf.head_dim,
         hidden_act=cfg.get("hidden_act", "silu"), rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=rope_theta,
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-        attention_bias=bool(cfg.get("attention_bias", False)), layer_types=list(layer_types), sliding_window=window,
-        block_size=block_size, mask_token_id=mask_token_id, target_layer_ids=list(ids),
-        num_target_layers=num_target_layers, target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096), attention_bias=hf.attention_bias,
+        layer_types=list(hf.layer_types), sliding_window=hf.sliding_window,
+        block_size=hf.block_size, mask_token_id=hf.mask_token_id, target_layer_ids=list(hf.target_layer_ids),
+        num_target_layers=num_target_layers, target_hidden_size=hf.target_hidden_size,
         has_own_lm_head=has_lm_head, final_logit_softcapping=softcap,
     )
 

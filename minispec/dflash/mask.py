@@ -1,4 +1,7 @@
-"""DFlash training: anchors, blocks, the block attention mask, labels and loss weights (research/dflash.md §4).
+"""DFlash training: anchors, blocks, the block attention mask, labels and loss weights.
+
+The recipe of the public trainers (SpecForge `specforge/core/dflash.py`, NVIDIA Model Optimizer
+`hf_dflash.py`); z-lab has not published its own.
 
 At inference the drafter sees the committed context, then one block [x_a, <mask> x (B-1)] at
 positions a .. a+B-1, and block position k proposes the token at position a+k. Training puts many
@@ -19,9 +22,9 @@ exactly what it would see at inference:
     loss         = sum(weight * CE) / sum(weight)
 
 Public re-implementations that got one of these wrong trained to high accuracy and then accepted
-almost nothing at inference (research §4, "Bugs that made public re-implementations fail"):
-a causal block, labels shifted by one, `<=` instead of `<` at the anchor, blocks leaking into each
-other, padding blocks that were not isolated.
+almost nothing at inference (SpecForge #427, #455 -> #473; z-lab/dflash #41: "training acc 0.99 but
+accept ratio 0.12"): a causal block, labels shifted by one, `<=` instead of `<` at the anchor, blocks
+leaking into each other, padding blocks that were not isolated.
 
 Shapes: Bs sequences of length S, N blocks of T = block_size positions, Q = N * T block queries.
 """

@@ -1,4 +1,4 @@
-"""The DFlash drafter (research/dflash.md §2), written to read like the paper.
+"""The DFlash drafter (arXiv:2602.06036; z-lab/dflash `dflash/model.py`), written to read like the paper.
 
     F   = concat(h_{l_1}, ..., h_{l_n})         target hidden states at the tapped layers   [B, S, n*Ht]
     ctx = hidden_norm(fc(F))                     the "target context feature", made ONCE      [B, S, H]
@@ -16,10 +16,12 @@ Two ways to run the same weights:
 
 * inference (`draft`): context K/V live in a `DFlashCache` that holds *only committed context*; the
   block's own K/V are used for one forward and never stored, so a rejected draft needs no rollback.
-  Attention is `dflash_attention`, dispatched to the Triton kernel on CUDA.
+  Attention is `minispec.dflash.attention.dflash_attention`, dispatched on CUDA to its Triton kernel
+  `minispec.kernels.attention.dflash_attention` (kernels/attention.py).
 * training (`forward`): every anchor's block in one batched forward, with a mask
   (`minispec.dflash.mask.training_mask`) that gives each block query exactly what inference gives
-  it. `tests/test_dflash_model.py` checks that both produce the same logits.
+  it, and `minispec.dflash.attention.masked_attention`. `tests/test_dflash_model.py` checks that both
+  produce the same logits.
 
 Shapes: B batch, S context length, T block length, H hidden, Hq / Hkv query / key-value heads, D head
 dim, V vocabulary. Attention tensors are laid out `[B, T, heads, D]`.
@@ -113,10 +115,10 @@ class DFlashMLP(nn.Module):
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
-        H, I = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(H, I, bias=False)
-        self.up_proj = nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
+        H, inner = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(H, inner, bias=False)
+        self.up_proj = nn.Linear(H, inner, bias=False)
+        self.down_proj = nn.Linear(inner, H, bias=False)
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -174,7 +176,9 @@ def append_rows(old: torch.Tensor, old_len: torch.Tensor, new: torch.Tensor, new
     out_len = total if limit is None else total.clamp(max=limit)
     width = int(out_len.max()) if len(out_len) else 0
     # Pad both with one zero slot so every clamped index below is valid, even for C = 0 or n = 0.
-    pad = lambda x: torch.cat([x, x.new_zeros(x.shape[0], 1, *x.shape[2:])], dim=1)
+    def pad(x):
+        return torch.cat([x, x.new_zeros(x.shape[0], 1, *x.shape[2:])], dim=1)
+
     old, new = pad(old), pad(new)
     col = torch.arange(width, device=old.device)[None, :]
     src = (total - out_len)[:, None] + col  # index into the row's virtual concatenation old ++ new
@@ -222,7 +226,7 @@ class DFlashDraftModel(PreTrainedModel):
     # --- the target's parts ---------------------------------------------------------------------
 
     @classmethod
-    def for_target(cls, config: DFlashConfig, target) -> "DFlashDraftModel":
+    def for_target(cls, config: DFlashConfig, target) -> DFlashDraftModel:
         """A freshly initialised drafter attached to `target`; an own head of the target's shape starts
         as a copy of the target's head (E4B's layout), any other own head at random."""
         model = cls(config).to(dtype=target.dtype)
@@ -286,9 +290,14 @@ class DFlashDraftModel(PreTrainedModel):
 
     def new_cache(self, batch_size: int) -> DFlashCache:
         kv = self.config.num_key_value_heads, self.config.head_dim
-        empty = lambda: torch.zeros(batch_size, 0, *kv, dtype=self.dtype, device=self.device)
         n = len(self.layers)
-        zeros = lambda: torch.zeros(batch_size, dtype=torch.long, device=self.device)
+
+        def empty():
+            return torch.zeros(batch_size, 0, *kv, dtype=self.dtype, device=self.device)
+
+        def zeros():
+            return torch.zeros(batch_size, dtype=torch.long, device=self.device)
+
         return DFlashCache([empty() for _ in range(n)], [empty() for _ in range(n)], [zeros() for _ in range(n)],
                            zeros())
 

@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 import minispec as ms
-from minispec.costs import FULL, DFlashParamCount
+from minispec.costs import DFlashParamCount
 from minispec.dflash import mask as dmask
+from minispec.dflash.config import FULL
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.drafters.base import Proposal, Sampling
 from minispec.speculative import sampling as smp

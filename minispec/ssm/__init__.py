@@ -1,6 +1,9 @@
-"""Mamba-2 and the Nemotron-H hybrid: the mixer (recurrent and chunked), state handling, checkpoint + replay.
+"""Mamba-2 and the Nemotron-H hybrid: the SSD math, the mixer, its state, checkpoint + replay, the hybrid model.
 
-    mamba2   the Mamba-2 mixer reference (step recurrence + chunked SSD), equal to transformers' NemotronH mixer
+    ssd      the SSD math (Dao & Gu 2024): discretisation, step recurrence, chunked scan, causal conv, gated norm
+    config   Mamba2Config: the mixer's sizes and numerics, to and from transformers' NemotronHConfig
+    state    Mamba2State: the conv window and SSM state of one layer, their checks, transformers' conv layout
+    mamba2   Mamba2Mixer, equal to transformers' NemotronH mixer (chunked scan for prefill, recurrence for steps)
     replay   per-position states vs checkpoint + replay behind one store interface (+ Triton verify / flush)
     hybrid   HybridLM: lightning-mini's own forward and cache; HybridTarget for the speculative loop
     bench    `python -m minispec.bench replay`

@@ -15,7 +15,7 @@ Nemotron-H attention has no positional encoding (the Mamba layers carry order), 
 attention layer is a plain crop.
 
 dt clamp: one `time_step_limit` = (time_step_min, inf) for every path, which is what transformers
-applies in its prefill; its single-token path clamps nothing (see `minispec.ssm.mamba2`).
+applies in its prefill; its single-token path clamps nothing (see `minispec.ssm.config.Mamba2Config`).
 """
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minispec.ssm.mamba2 import Mamba2Config, Mamba2Mixer
 from minispec.speculative.target import TargetOutput
+from minispec.ssm.config import Mamba2Config
+from minispec.ssm.mamba2 import Mamba2Mixer
 from minispec.ssm.replay import MambaLayerStore, make_store
 
 __all__ = ["RMSNorm", "Attention", "MLP", "MoE", "HybridLM", "HybridCache", "HybridOutput"]
@@ -150,7 +151,7 @@ class HybridOutput:
 class HybridCache:
     """Per-layer decoding state: KV for attention layers, a `MambaLayerStore` for Mamba layers."""
 
-    def __init__(self, model: "HybridLM", batch_size: int, strategy: str = "replay", capacity: int = 16,
+    def __init__(self, model: HybridLM, batch_size: int, strategy: str = "replay", capacity: int = 16,
                  dtype: torch.dtype | None = None):
         self.strategy, self.capacity = strategy, capacity
         self.kv: dict[int, tuple[Tensor, Tensor]] = {}
@@ -235,14 +236,14 @@ class HybridLM(nn.Module):
 
     # construction -------------------------------------------------------------------------------
     @classmethod
-    def from_hf(cls, hf_model) -> "HybridLM":
+    def from_hf(cls, hf_model) -> HybridLM:
         """The same weights as a transformers `NemotronHForCausalLM` (strict: every name must match)."""
         model = cls(hf_model.config)
         model.load_state_dict(hf_model.state_dict(), strict=True)
         return model.to(hf_model.dtype).eval()
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, dtype: torch.dtype = torch.float32) -> "HybridLM":
+    def from_pretrained(cls, name_or_path: str | Path, dtype: torch.dtype = torch.float32) -> HybridLM:
         """A shipped name ("lightning-mini") or a Nemotron-H folder.
 
         The folder is in the layout NVIDIA's Nemotron-H checkpoints use on the Hub (`backbone.*`, one
@@ -257,7 +258,7 @@ class HybridLM(nn.Module):
         return HybridCache(self, batch_size, strategy, capacity, dtype=self.lm_head.weight.dtype)
 
     def speculative_target(self, output_hidden_states: bool = False, strategy: str | None = None,
-                           capacity: int | None = None) -> "HybridTarget":
+                           capacity: int | None = None) -> HybridTarget:
         """The adapter both decoding loops drive (`minispec.speculative.target`): prefill / extend / verify
         forward / rollback.
         strategy / capacity default to `self.spec_strategy` / `self.spec_capacity` ("replay", 16).

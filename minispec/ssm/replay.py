@@ -8,20 +8,26 @@ P x N matrix says which part came from which token. Two exact ways out, behind o
 * `PerPositionStates` (what vLLM / SGLang do natively): while verifying, write the state after every
   window position (T states, SSM and conv); commit(n) keeps the n-th. Traffic per step: read 1 state,
   write T states.
-* `CheckpointReplay` (ReplaySSM, TensorRT-LLM's checkpointing replay): keep one checkpoint S0 and a
-  ring of per-token records since it (x, B, dt and the pre-conv column for the conv window). The
-  window's outputs come from S0 plus the records (`replay_verify`, no state is written); a rejected
-  draft only leaves the counter where it is; when the next window would not fit, the committed
-  records are folded into a new checkpoint (`replay_flush`), written once.
+* `CheckpointReplay`: the Mamba checkpoint + replay of "Nemotron 3.5 Super and Lightning: Open,
+  Efficient Mixture-of-Experts Hybrid Mamba-Transformer Models for Agentic AI" (the same idea as Dao AI
+  Lab's ReplaySSM, "Cache SSM Inputs, Not State", and TensorRT-LLM's checkpointing replay, PR #14203).
+  Keep one checkpoint S0 and a ring of per-token records since it (x, B, dt and the pre-conv column
+  for the conv window). The window's outputs come from S0 plus the records (`replay_verify`, no state
+  is written); a rejected draft only leaves the counter where it is; when the next window would not
+  fit, the committed records are folded into a new checkpoint (`replay_flush`), written once.
 
-The algebra (notation of `minispec.ssm.mamba2`; l_i = dt_i * A, cum_t = l_1 + ... + l_t over the
+The algebra (notation of `minispec.ssm.ssd`; l_i = dt_i * A, cum_t = l_1 + ... + l_t over the
 records since the checkpoint, C_t read fresh from the current token):
 
     S_t = exp(cum_t) S0 + sum_{i<=t} exp(cum_t - cum_i) dt_i x_i B_i^T
     y_t = exp(cum_t) (S0 C_t) + sum_{i<=t} (C_t . B_i) dt_i exp(cum_t - cum_i) x_i + D x_t
 
 The checkpoint term decays through every record 1..t (t's own included); record i only through
-i+1..t (its own decay acts before it is added): the decay-index trap of research §1.2.
+i+1..t (its own decay acts before it is added), so the record sum uses cum_t - cum_i, not
+cum_t - cum_{i-1}.
+
+`replay_verify` and `replay_flush` have Triton twins in `kernels/replay.py` with the same signatures;
+both sides check their arguments with `check_replay_verify_args` / `check_replay_flush_args`.
 """
 from __future__ import annotations
 
@@ -31,12 +37,15 @@ import torch
 from torch import Tensor
 
 from minispec.backend import dispatch
-from minispec.ssm.mamba2 import (Mamba2Mixer, Mamba2State, Mamba2StateError, _heads, _state_dtype, check_state,
-                                 ssd_step)
+from minispec.ssm.mamba2 import Mamba2Mixer
+from minispec.ssm.ssd import expand_groups, ssd_step
+from minispec.ssm.state import Mamba2State, Mamba2StateError, check_state, state_dtype
 
 __all__ = [
     "replay_verify",
     "replay_flush",
+    "check_replay_verify_args",
+    "check_replay_flush_args",
     "Traffic",
     "StepTraffic",
     "MambaLayerStore",
@@ -47,21 +56,37 @@ __all__ = [
 ]
 
 
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(message)
-
-
-def _check_records(fn: str, checkpoint, x, dt, B, A) -> None:
-    _require(checkpoint.dim() == 4, f"{fn}: checkpoint must be [b, H, P, N], got {tuple(checkpoint.shape)}")
+def check_replay_flush_args(checkpoint: Tensor, x: Tensor, dt: Tensor, B: Tensor, A: Tensor,
+                            fn: str = "replay_flush") -> None:
+    """Raise ValueError naming the problem, for checkpoint and records `replay_flush` (reference and kernel)
+    must refuse. `fn` names the caller in the message: `check_replay_verify_args` checks its records here."""
+    if checkpoint.dim() != 4:
+        raise ValueError(f"{fn}: checkpoint must be [b, H, P, N], got {tuple(checkpoint.shape)}")
     b, H, P, N = checkpoint.shape
-    _require(x.dim() == 4 and x.shape[0] == b and x.shape[2:] == (H, P),
-             f"{fn}: x must be [b, L, H, P] = [{b}, L, {H}, {P}], got {tuple(x.shape)}")
+    if x.dim() != 4 or x.shape[0] != b or x.shape[2:] != (H, P):
+        raise ValueError(f"{fn}: x must be [b, L, H, P] = [{b}, L, {H}, {P}], got {tuple(x.shape)}")
     L = x.shape[1]
-    _require(tuple(dt.shape) == (b, L, H), f"{fn}: dt must be [b, L, H] = {(b, L, H)}, got {tuple(dt.shape)}")
-    _require(B.dim() == 4 and B.shape[:2] == (b, L) and B.shape[3] == N and H % B.shape[2] == 0,
-             f"{fn}: B must be [b, L, G, N] = [{b}, {L}, G, {N}] with G dividing H, got {tuple(B.shape)}")
-    _require(tuple(A.shape) == (H,), f"{fn}: A must be [H] = ({H},), got {tuple(A.shape)}")
+    if tuple(dt.shape) != (b, L, H):
+        raise ValueError(f"{fn}: dt must be [b, L, H] = {(b, L, H)}, got {tuple(dt.shape)}")
+    if B.dim() != 4 or B.shape[:2] != (b, L) or B.shape[3] != N or H % B.shape[2]:
+        raise ValueError(f"{fn}: B must be [b, L, G, N] = [{b}, {L}, G, {N}] with G dividing H, got {tuple(B.shape)}")
+    if tuple(A.shape) != (H,):
+        raise ValueError(f"{fn}: A must be [H] = ({H},), got {tuple(A.shape)}")
+
+
+def check_replay_verify_args(checkpoint: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, A: Tensor, D: Tensor,
+                             start: int) -> None:
+    """Raise ValueError naming the problem, for anything `replay_verify` (reference and kernel) must refuse."""
+    check_replay_flush_args(checkpoint, x, dt, B, A, fn="replay_verify")
+    b, L, H, _ = x.shape
+    G, N = B.shape[2], B.shape[3]
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < L:
+        raise ValueError(f"replay_verify: start must be an int in [0, L) = [0, {L}), got {start!r}")
+    T = L - start
+    if tuple(C.shape) != (b, T, G, N):
+        raise ValueError(f"replay_verify: C must be [b, T, G, N] = {(b, T, G, N)}, got {tuple(C.shape)}")
+    if tuple(D.shape) != (H,):
+        raise ValueError(f"replay_verify: D must be [H] = ({H},), got {tuple(D.shape)}")
 
 
 @dispatch("replay:replay_verify")
@@ -77,16 +102,12 @@ def replay_verify(checkpoint: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tenso
         y_s = exp(cum_{w}) (S0 C_s) + sum_{i<=w} (C_s . B_i) dt_i exp(cum_w - cum_i) x_i + D x_s,  w = start+s
     Computed in the checkpoint's dtype.
     """
-    _check_records("replay_verify", checkpoint, x, dt, B, A)
-    b, L, H, P = x.shape
-    T = L - start
-    _require(0 <= start < L, f"replay_verify: start must be in [0, L) = [0, {L}), got {start}")
-    _require(C.shape == (b, T, B.shape[2], B.shape[3]), f"replay_verify: C must be [b, T, G, N] = "
-             f"{(b, T, B.shape[2], B.shape[3])}, got {tuple(C.shape)}")
+    check_replay_verify_args(checkpoint, x, dt, B, C, A, D, start)
+    L, H = x.shape[1], x.shape[2]
     cum = torch.cumsum(dt * A, dim=1)  # [b, L, H]
     rows = torch.arange(start, L, device=x.device)  # the record index each window position reads up to
     cum_w = cum[:, rows]  # [b, T, H]
-    Bh, Ch = _heads(B, H), _heads(C, H)  # [b, L, H, N], [b, T, H, N]
+    Bh, Ch = expand_groups(B, H), expand_groups(C, H)  # [b, L, H, N], [b, T, H, N]
     y = torch.exp(cum_w)[..., None] * torch.einsum("bhpn,bthn->bthp", checkpoint, Ch)  # checkpoint term
     scores = torch.einsum("bthn,bihn->bthi", Ch, Bh)  # C_s . B_i  [b, T, H, L]
     gap = cum_w[..., None] - cum.transpose(1, 2)[:, None]  # cum_w - cum_i  [b, T, H, L]
@@ -104,7 +125,7 @@ def replay_flush(checkpoint: Tensor, x: Tensor, dt: Tensor, B: Tensor, A: Tensor
     checkpoint [b, H, P, N]; x [b, L, H, P]; dt [b, L, H]; B [b, L, G, N]; A [H]
     returns S_L = exp(cum_L) S0 + sum_i exp(cum_L - cum_i) dt_i x_i B_i^T   [b, H, P, N]
     """
-    _check_records("replay_flush", checkpoint, x, dt, B, A)
+    check_replay_flush_args(checkpoint, x, dt, B, A)
     H = x.shape[2]
     cum = torch.cumsum(dt * A, dim=1)  # [b, L, H]
     if x.shape[1] == 0:
@@ -112,7 +133,7 @@ def replay_flush(checkpoint: Tensor, x: Tensor, dt: Tensor, B: Tensor, A: Tensor
     total = cum[:, -1]  # [b, H]
     w = torch.exp(total[:, None] - cum) * dt  # [b, L, H]
     return (torch.exp(total)[..., None, None] * checkpoint
-            + torch.einsum("bih,bihp,bihn->bhpn", w, x, _heads(B, H)))
+            + torch.einsum("bih,bihp,bihn->bhpn", w, x, expand_groups(B, H)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -177,9 +198,9 @@ class MambaLayerStore:
         self._load(state)
 
     def _check_incoming(self, state: Mamba2State, batch_size: int | None = None) -> Mamba2State:
-        where = f"{type(self).__name__} ({self.mixer._where}), loaded state"
+        where = f"{type(self).__name__} ({self.mixer.layer_name}), loaded state"
         check_state(state, self.mixer.config, batch_size=batch_size, name=where)
-        want = _state_dtype(state.conv.dtype)
+        want = state_dtype(state.conv.dtype)
         if state.ssm.dtype != want:
             raise Mamba2StateError(f"{where}: ssm dtype {state.ssm.dtype} does not go with conv dtype "
                                    f"{state.conv.dtype}; expected {want}")
@@ -192,8 +213,8 @@ class MambaLayerStore:
         if self.pending:
             raise ValueError(f"{type(self).__name__}.{fn}: the last window ({self.pending} tokens) was not committed; "
                              "call commit(n) first")
-        _require(u.dim() == 3 and u.shape[1] >= 1, f"{type(self).__name__}.{fn}: u must be [b, T>=1, D], "
-                 f"got {tuple(u.shape)}")
+        if u.dim() != 3 or u.shape[1] < 1:
+            raise ValueError(f"{type(self).__name__}.{fn}: u must be [b, T>=1, D], got {tuple(u.shape)}")
 
     def _check_commit(self, n: int) -> None:
         if not isinstance(n, int) or isinstance(n, bool):
@@ -241,7 +262,7 @@ class PerPositionStates(MambaLayerStore):
 
     def commit(self, n: int) -> None:
         self._check_commit(n)
-        self.committed = check_state(self.candidates[n - 1], name=f"PerPositionStates ({self.mixer._where})")
+        self.committed = check_state(self.candidates[n - 1], name=f"PerPositionStates ({self.mixer.layer_name})")
         self.candidates, self.pending = [], 0
         self.traffic.add("commit", n, 0, 0)
 
@@ -295,7 +316,7 @@ class CheckpointReplay(MambaLayerStore):
         """Fold the committed records into the checkpoint (written once) and empty the ring."""
         c = self.count
         new = replay_flush(self.checkpoint, self.x[:, :c], self.dt[:, :c], self.B[:, :c], self._A())
-        check_state(Mamba2State(conv=self.conv, ssm=new), name=f"CheckpointReplay ({self.mixer._where}) flush")
+        check_state(Mamba2State(conv=self.conv, ssm=new), name=f"CheckpointReplay ({self.mixer.layer_name}) flush")
         self.checkpoint, self.count = new, 0
         self.flushes += 1
         self.traffic.add("flush", c, _nbytes(new) + self._replay_read_bytes(c), _nbytes(new))

@@ -207,3 +207,33 @@ def test_attention_plus_moe_block_as_nemotron_3_5():
     assert torch.equal(out.tokens, ms.autoregressive_generate(model, prompt, 12).tokens)
     boost_loss(head, Backbone.of(model), torch.randint(3, 512, (2, 10)), depths=2).loss.backward()
     assert head.layers[1].mixer.experts.up_proj.grad.abs().sum() > 0  # experts start non-zero, so they train
+
+
+def test_load_drafter_mtp_reads_the_head_beside_the_target(gemma, tmp_path):
+    """`ms.load_drafter("mtp", target)` finds mtp_config.json + mtp.safetensors in the target's own folder
+    (vLLM's `method: "mtp"`), with the head's weights exactly as saved; a target without one is refused."""
+    model = tiny_hybrid()
+    folder = tmp_path / "hybrid"
+    model.config.save_pretrained(folder)
+    model.config.name_or_path = str(folder)
+    head = random_head(model, seed=3)
+    head.save_pretrained(folder)
+    drafter = ms.load_drafter("mtp", model, num_draft_tokens=2)
+    assert isinstance(drafter, MTPDrafter) and drafter.num_draft_tokens == 2
+    assert all(torch.equal(a, b) for a, b in zip(drafter.head.state_dict().values(), head.state_dict().values()))
+    prompt = torch.tensor([[5, 6, 7, 8, 9]])
+    out = ms.speculative_generate(model, drafter, prompt, 12)
+    assert torch.equal(out.tokens, ms.autoregressive_generate(model, prompt, 12).tokens)
+    with pytest.raises(ValueError, match="no MTP head beside its weights"):
+        ms.load_drafter("mtp", gemma)
+
+
+@pytest.mark.slow
+def test_load_drafter_mtp_on_the_shipped_lightning_mini():
+    from minispec.targets.load import resolve
+
+    model = HybridLM.from_pretrained("lightning-mini")
+    drafter = ms.load_drafter("mtp", model)
+    shipped = MTPHead.from_pretrained(resolve("lightning-mini"))
+    assert drafter.num_draft_tokens == 3
+    assert all(torch.equal(a, b) for a, b in zip(drafter.head.state_dict().values(), shipped.state_dict().values()))

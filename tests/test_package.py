@@ -38,3 +38,50 @@ def test_minispec_import_does_not_import_triton(tmp_path):
 def test_checkpoints_stay_under_budget():
     size = sum(p.stat().st_size for p in (ROOT / "minispec" / "checkpoints").rglob("*") if p.is_file())
     assert size < 40 * 2**20, f"minispec/checkpoints is {size / 2**20:.1f} MiB, over the 40 MiB budget"
+
+
+def _module_name(path: Path) -> str:
+    if path.is_relative_to(ROOT / "kernels"):
+        parts = ["minispec", "kernels", *path.relative_to(ROOT / "kernels").with_suffix("").parts]
+    else:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the minispec modules it imports, at the top or inside a function (a lazy import still
+    makes the two modules depend on each other)."""
+    import ast
+
+    files = [*(ROOT / "minispec").rglob("*.py"), *(ROOT / "kernels").glob("*.py")]
+    modules = {_module_name(p): p for p in files}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("minispec"):
+                subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                edges |= subs or ({node.module} & modules.keys())
+        graph[name] = edges - {name}
+    return graph
+
+
+def test_no_import_circle_in_the_package():
+    graph = import_graph()
+    state, cycles = {}, []
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import circles:\n" + "\n".join(cycles)

@@ -53,13 +53,8 @@ def speed_rows(model, head: MTPHead, prompts: list[torch.Tensor], max_new_tokens
 def bench_mtp(args) -> list[dict]:
     import minispec as ms
     from minispec.ssm.hybrid import HybridLM
-    from minispec.targets.load import resolve
 
-    folder = resolve("lightning-mini")
-    if not (folder / "mtp.safetensors").exists():
-        raise ValueError(f"no MTP head beside lightning-mini ({folder / 'mtp.safetensors'} is missing): "
-                         "save one there with MTPHead.save_pretrained")
-    model = HybridLM.from_pretrained(folder)
-    head = MTPHead.from_pretrained(folder, dtype=model.dtype)
+    model = HybridLM.from_pretrained("lightning-mini")
+    head = MTPDrafter.beside(model).head
     prompts = ms.load_evalset().prompts[: args.prompts]
     return speed_rows(model, head, prompts, args.max_new_tokens, temperatures=tuple(args.temperatures))

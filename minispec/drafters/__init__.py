@@ -20,8 +20,9 @@ def is_dflash_folder(folder) -> bool:
 
 
 def load_drafter(name_or_path, target, num_draft_tokens: int | None = None):
-    """A drafter for `target`: "ngram" (prompt lookup), a shipped drafter by name ("bolt-nano",
-    "bolt-mini-dflash"), a local DFlash drafter folder, or a local HF causal-LM folder used as a draft model."""
+    """A drafter for `target`: "ngram" (prompt lookup), "mtp" (the MTP head shipped beside the target's
+    weights, e.g. lightning-mini's), a shipped drafter by name ("bolt-nano", "bolt-mini-dflash"), a local
+    DFlash drafter folder, or a local HF causal-LM folder used as a draft model."""
     from transformers import AutoModelForCausalLM
 
     from minispec.targets.load import resolve
@@ -29,7 +30,11 @@ def load_drafter(name_or_path, target, num_draft_tokens: int | None = None):
     kwargs = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
     if name_or_path == "ngram":
         return NGramDrafter(target.config.vocab_size, **kwargs)
-    folder = resolve(name_or_path, DRAFT_MODELS, kind="drafter", also=["ngram"])
+    if name_or_path == "mtp":
+        from minispec.mtp.drafter import MTPDrafter
+
+        return MTPDrafter.beside(target, **kwargs)
+    folder = resolve(name_or_path, DRAFT_MODELS, kind="drafter", also=["ngram", "mtp"])
     if is_dflash_folder(folder):
         from minispec.dflash.drafter import DFlashDrafter
 

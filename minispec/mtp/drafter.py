@@ -19,6 +19,8 @@ with q one-hot. Both are exact.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from minispec.drafters.base import Proposal, Sampling
@@ -48,6 +50,19 @@ class MTPDrafter:
         self.cache: MTPCache | None = None
         self.pending: torch.Tensor | None = None  # [B, H] the hidden state that waits for `last`
         self._last: torch.Tensor | None = None
+
+    @classmethod
+    def beside(cls, target, num_draft_tokens: int = 3, argmax_drafts: bool = False) -> "MTPDrafter":
+        """The MTP head shipped beside `target`'s weights (`mtp_config.json` + `mtp.safetensors`, weights
+        named `mtp.*` in the target's folder), as vLLM's `method: "mtp"` reads the target checkpoint's
+        own MTP layers."""
+        folder = Path(getattr(target.config, "name_or_path", "") or ".")
+        if not (folder / "mtp.safetensors").exists():
+            raise ValueError(f"the target has no MTP head beside its weights: {folder / 'mtp.safetensors'} is "
+                             "missing (the target must be loaded from a folder that holds mtp_config.json and "
+                             "mtp.safetensors, e.g. HybridLM.from_pretrained(\"lightning-mini\"))")
+        head = MTPHead.from_pretrained(folder, dtype=target.dtype)
+        return cls(head, target, num_draft_tokens, argmax_drafts)
 
     def _depth(self, hidden, tokens, valid, slots):
         """hidden [B, T, H], tokens [B, T] (the token after each hidden state) -> head out [B, T, H]."""

@@ -42,7 +42,7 @@ class Backbone:
             embed, head = model.get_input_embeddings(), model.get_output_embeddings()
             return cls(model, embed, head, getattr(cfg, "final_logit_softcapping", None),
                        embed.embedding_dim, head.out_features, run)
-        # minispec.ssm.HybridLM; checked second because some HF models have a `.backbone` attribute too.
+        # minispec.ssm.hybrid.HybridLM; checked second because some HF models have a `.backbone` attribute too.
         if hasattr(model, "backbone") and hasattr(model, "lm_head"):
             def run(ids, mask):
                 if mask is not None and not bool(mask.all()):
@@ -52,7 +52,7 @@ class Backbone:
             return cls(model, model.embed_tokens, model.lm_head, None, model.config.hidden_size,
                        model.config.vocab_size, run)
         raise ValueError(f"{type(model).__name__} is not a backbone an MTP head can share: it needs an input "
-                         "embedding and an output head (a Hugging Face causal LM or minispec.ssm.HybridLM)")
+                         "embedding and an output head (a Hugging Face causal LM or minispec.ssm.hybrid.HybridLM)")
 
     def logits(self, out: Tensor, shared_grad: bool = True) -> Tensor:
         """out [B, T, H] -> logits [B, T, V] float32. shared_grad=False: gradients reach `out` but not

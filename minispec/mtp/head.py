@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minispec.ssm.hybrid import MLP, MoE, RMSNorm
+from minispec.ssm.hybrid import MLP, Attention, MoE, RMSNorm
 
 MIXERS = {"*": "attention", "-": "mlp", "E": "moe"}
 MOE_FIELDS = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
@@ -116,16 +116,8 @@ class MTPCache:
         self.valid.scatter_(1, slots, valid)
 
 
-class MTPAttention(nn.Module):
-    """Causal grouped-query attention without positional encoding, with an optional `MTPCache`."""
-
-    def __init__(self, cfg: MTPConfig):
-        super().__init__()
-        self.num_heads, self.num_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+class MTPAttention(Attention):
+    """The backbone's attention (same projections and weight names), with an optional `MTPCache`."""
 
     def forward(self, x: Tensor, valid: Tensor, cache: MTPCache | None = None, layer: int = 0,
                 slots: Tensor | None = None) -> Tensor:
@@ -135,9 +127,7 @@ class MTPAttention(nn.Module):
         [B, T] (row b's consecutive slots), and query t of row b sees the row's valid slots up to its own.
         """
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.num_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.num_kv, self.head_dim).transpose(1, 2)
+        q, k, v = self.project(x)
         if cache is None:
             key_valid = valid
             key_slot = query_slot = torch.arange(T, device=x.device).expand(B, T)

@@ -125,12 +125,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, past: tuple[Tensor, Tensor] | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """x [b, T, D]; past (k, v) [b, Hkv, S, d] or None -> out [b, T, D], (k, v) [b, Hkv, S+T, d]."""
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [b, T, D] -> q [b, Hq, T, d], k and v [b, Hkv, T, d]."""
         b, T, _ = x.shape
         q = self.q_proj(x).view(b, T, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, T, self.num_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, T, self.num_kv, self.head_dim).transpose(1, 2)
+        return q, k, v
+
+    def forward(self, x: Tensor, past: tuple[Tensor, Tensor] | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """x [b, T, D]; past (k, v) [b, Hkv, S, d] or None -> out [b, T, D], (k, v) [b, Hkv, S+T, d]."""
+        b, T, _ = x.shape
+        q, k, v = self.project(x)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         S = k.shape[2]

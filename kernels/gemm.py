@@ -22,7 +22,7 @@ place apart. tests/test_gemm.py checks |kernel - reference| <= 2·(K + 2)·2**-2
 The output is written in float32 and torch rounds it to x's dtype: the interpreter's float32 -> bf16
 cast truncates. Under the interpreter bf16 operands are widened to float32 before `tl.dot` (exact; see
 INTERPRETED below). `tl.dot_scaled` (FP4 tensor cores) is not used: it needs Blackwell, and the
-interpreter misreads E4M3 scales there (research/nvfp4_qad.md §1.8-1.9).
+interpreter decodes E4M3 scales there as E8M0 (MXFP4's scale format) and returns garbage.
 """
 import torch
 import triton

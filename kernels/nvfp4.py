@@ -12,7 +12,8 @@ What makes it bit-exact on every backend:
     float32 bits, build the power-of-two step from bits, round a / step to an integer with the
     float32 magic number 1.5 · 2**23 (ties to even), multiply back. Triton's `.to(tl.float8e4nv)` is
     never used: in the interpreter it drops the carry into the exponent and rounds ties away from zero
-    (research/nvfp4_qad.md §1.9). E4M3 scales are stored and read as their uint8 bit patterns.
+    (1.97 -> 1.0, 1.0625 -> 1.125; triton-lang/triton PRs #9808, #11897). E4M3 scales are stored and
+    read as their uint8 bit patterns.
   - Divisions are `tl.math.div_rn` (correctly rounded, as torch divides), not `/`, which may compile to
     an approximate division on a GPU.
   - Four-over-six compares two sums of 16 squares; both are added in the reference's pairwise tree

@@ -1,6 +1,6 @@
 """NVFP4: E2M1 / E4M3 rounding, quantize / dequantize, four-over-six, the Triton kernels, bad input.
 
-Oracles (research/nvfp4_qad.md §8, §10):
+Oracles (each installs and runs on a CPU):
   - ml_dtypes casts (`float4_e2m1fn`, `float8_e4m3fn`) for the two element formats, bit for bit;
   - a brute-force NVFP4 written here in numpy, in a different style from the reference: nearest value
     by distance to all 8 magnitudes (ties: the even mantissa), block scales by ml_dtypes, four-over-six
@@ -24,9 +24,21 @@ import pytest
 import torch
 
 from minispec.quant import nvfp4
-from minispec.quant.nvfp4 import (E2M1_MAGNITUDES, NVFP4Tensor, block_scales, dequantize, e2m1_decode, e2m1_encode,
-                                  e2m1_round, e4m3_round, fake_quantize, global_scale_from_amax, pack_nibbles,
-                                  quantize, unpack_nibbles)
+from minispec.quant.nvfp4 import (
+    E2M1_MAGNITUDES,
+    NVFP4Tensor,
+    block_scales,
+    dequantize,
+    e2m1_decode,
+    e2m1_encode,
+    e2m1_round,
+    e4m3_round,
+    fake_quantize,
+    global_scale_from_amax,
+    pack_nibbles,
+    quantize,
+    unpack_nibbles,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TIES = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
@@ -395,7 +407,8 @@ def test_equals_torchao_up_to_its_op_order_at_near_ties(dtype):
     # mantissa bits), and there the two orders may round apart. Seed 2 has both kinds (measured: bf16,
     # 25 of 4096 block scales and 206 of 65536 codes differ; float32: none).
     pytest.importorskip("torchao", reason="torchao is not installed")
-    from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor as TorchaoNVFP4, per_tensor_amax_to_scale
+    from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor as TorchaoNVFP4
+    from torchao.prototype.mx_formats.nvfp4_tensor import per_tensor_amax_to_scale
     x = torch.randn(128, 512, generator=torch.Generator().manual_seed(2)).to(dtype)
     t = quantize(x)
     theirs = TorchaoNVFP4.to_nvfp4(x, per_tensor_scale=per_tensor_amax_to_scale(x.abs().max().float()))
@@ -445,8 +458,9 @@ def test_four_over_six_never_errs_more_than_max_6_per_block():
 
 
 def test_four_over_six_cuts_gaussian_mse_by_about_16_percent():
-    # research §2.3: 1024x1024 Gaussian, -16.5 % (the Nemotron 3 Ultra blog: -16.4 %). Measured here on
-    # 512x1024, seeds 0-2: -16.3 %, -16.5 %, -16.3 %, with ~45 % of blocks choosing 4.
+    # A 1024x1024 Gaussian: -16.5 % (NVIDIA's blog "Creating the NVIDIA Nemotron 3 Ultra NVFP4 Checkpoint with
+    # NVIDIA Model Optimizer" reports -16.4 % median reconstruction error). Measured here on 512x1024,
+    # seeds 0-2: -16.3 %, -16.5 %, -16.3 %, with ~45 % of blocks choosing 4.
     x = torch.randn(512, 1024, generator=torch.Generator().manual_seed(0))
     mse_6 = (fake_quantize(x) - x).pow(2).mean()
     t = quantize(x, four_over_six=True)

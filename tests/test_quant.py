@@ -3,12 +3,12 @@ import copy
 
 import pytest
 import torch
-from tiny import tiny_gemma
 from torch import nn
 
 from minispec import quant
 from minispec.quant import nvfp4
 from minispec.quant.modules import PackedLinear, QuantLinear, e4m3_signed, fp8_fake, mse_block_scales, nvfp4_fake, ste
+from tiny import tiny_gemma
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,13 @@ import statistics
 
 import pytest
 import torch
-from tiny import tiny_gemma
 
 from minispec import quant
 from minispec.dflash.config import DFlashConfig
 from minispec.dflash.model import DFlashDraftModel
 from minispec.quant import evaluate as ev
 from minispec.quant.modules import QuantLinear
+from tiny import tiny_gemma
 
 
 def test_token_categories():

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny import tiny_gemma
 
 from minispec import quant
 from minispec.quant.export import load_quantized, save_quantized
 from minispec.quant.modules import PackedLinear
+from tiny import tiny_gemma
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,12 @@ import copy
 
 import pytest
 import torch
-from tiny import tiny_gemma
 from torch import nn
 
 from minispec import quant
 from minispec.quant import sensitivity as sens
 from minispec.quant.modules import QuantLinear
+from tiny import tiny_gemma
 
 
 class Toy(nn.Module):

@@ -14,8 +14,7 @@ import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from minispec import backend
-from minispec.speculative.sampling import (check_sampling_args, greedy, next_token, sample, sampling_probs,
-                                    top_p_mask)
+from minispec.speculative.sampling import check_sampling_args, greedy, next_token, sample, sampling_probs, top_p_mask
 
 ATOL = 1e-6
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

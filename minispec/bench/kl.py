@@ -33,38 +33,43 @@ def bench_kl(args) -> list[dict]:
     generator = torch.Generator(device).manual_seed(0)
     rows = []
     for tokens, vocab in shapes:
-        teacher = (torch.randn(tokens, vocab, device=device, generator=generator) * 3).to(torch.bfloat16)
-        student = (torch.randn(tokens, vocab, device=device, generator=generator) * 3).to(torch.bfloat16)
-        student.requires_grad_()
+        rows += _shape_rows(tokens, vocab, methods, generator, repeats, device)
+    return rows
 
-        def forward(fn):
-            with torch.no_grad():
-                return fn(teacher, student)
 
-        def forward_backward(fn):
-            student.grad = None
-            fn(teacher, student).backward()
+def _shape_rows(tokens: int, vocab: int, methods: dict, generator, repeats: int, device: str) -> list[dict]:
+    """The rows of one [tokens, V] shape. Its logits are freed on return, before the next shape's."""
+    cuda = device == "cuda"
+    teacher = (torch.randn(tokens, vocab, device=device, generator=generator) * 3).to(torch.bfloat16)
+    student = (torch.randn(tokens, vocab, device=device, generator=generator) * 3).to(torch.bfloat16)
+    student.requires_grad_()
 
-        baseline = {}
-        for op, run in (("forward", forward), ("forward+backward", forward_backward)):
-            for method, fn in methods.items():
-                row = {"op": op, "method": method, "tokens": tokens, "V": vocab}
-                if cuda:
-                    student.grad = None
-                    torch.cuda.empty_cache()
-                    torch.cuda.reset_peak_memory_stats()
-                    base_bytes = torch.cuda.memory_allocated()
-                try:
-                    ms = 1e3 * timed(lambda: run(fn), repeats, warmup=2, cuda=cuda)[0]
-                except torch.OutOfMemoryError:
-                    rows.append({**row, "ms": None, "speedup": None, "peak_extra_GiB": None,
-                                 "note": "out of memory"})
-                    continue
-                if method == "torch reference":
-                    baseline[op] = ms
-                peak = (torch.cuda.max_memory_allocated() - base_bytes) / GIB if cuda else None
-                speedup = round(baseline[op] / ms, 2) if op in baseline else None
-                rows.append({**row, "ms": round(ms, 3), "speedup": speedup,
-                             "peak_extra_GiB": None if peak is None else round(peak, 2), "note": ""})
-        del teacher, student
+    def forward(fn):
+        with torch.no_grad():
+            return fn(teacher, student)
+
+    def forward_backward(fn):
+        student.grad = None
+        fn(teacher, student).backward()
+
+    rows, baseline = [], {}
+    for op, run in (("forward", forward), ("forward+backward", forward_backward)):
+        for method, fn in methods.items():
+            row = {"op": op, "method": method, "tokens": tokens, "V": vocab}
+            if cuda:
+                student.grad = None
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                base_bytes = torch.cuda.memory_allocated()
+            try:
+                ms = 1e3 * timed(lambda: run(fn), repeats, warmup=2, cuda=cuda)[0]
+            except torch.OutOfMemoryError:
+                rows.append({**row, "ms": None, "speedup": None, "peak_extra_GiB": None, "note": "out of memory"})
+                continue
+            if method == "torch reference":
+                baseline[op] = ms
+            peak = (torch.cuda.max_memory_allocated() - base_bytes) / GIB if cuda else None
+            speedup = round(baseline[op] / ms, 2) if op in baseline else None
+            rows.append({**row, "ms": round(ms, 3), "speedup": speedup,
+                         "peak_extra_GiB": None if peak is None else round(peak, 2), "note": ""})
     return rows

@@ -6,9 +6,22 @@
     quant.quantize(model, quant.AGGRESSIVE)          # in place, like Model Optimizer's mtq.quantize
     quant.storage_report(model)["bits_per_param"]
 """
-from minispec.quant.api import (AGGRESSIVE, AGGRESSIVE_W4A4, ALGORITHMS, LIGHTNING_LIKE, assign_formats, check_recipe,
-                                formats_of, load_recipe, packed_state, quantize, save_recipe, storage_report)
+from minispec.quant.api import (
+    AGGRESSIVE,
+    AGGRESSIVE_W4A4,
+    ALGORITHMS,
+    LIGHTNING_LIKE,
+    assign_formats,
+    check_recipe,
+    formats_of,
+    load_recipe,
+    packed_state,
+    quantize,
+    save_recipe,
+    storage_report,
+)
 from minispec.quant.modules import FORMATS, PackedLinear, QuantLinear
 
 __all__ = ["AGGRESSIVE", "AGGRESSIVE_W4A4", "ALGORITHMS", "FORMATS", "LIGHTNING_LIKE", "PackedLinear", "QuantLinear",
-           "assign_formats", "check_recipe", "formats_of", "load_recipe", "packed_state", "quantize", "save_recipe", "storage_report"]
+           "assign_formats", "check_recipe", "formats_of", "load_recipe", "packed_state", "quantize", "save_recipe",
+           "storage_report"]

@@ -9,7 +9,7 @@ A recipe is data (a dict, JSON-friendly):
      "rules": [["*lm_head", "w4a16"], ["*", "w4a16"]]} module-name glob -> format, first match wins
 
 Rules apply to nn.Linear modules (embeddings and norms are not matmuls with a weight to pack; they stay
-BF16, as in every shipped Nemotron recipe, research §6). A module no rule matches stays BF16; a rule
+BF16, as in every Nemotron recipe Model Optimizer ships). A module no rule matches stays BF16; a rule
 with format "bf16" states an exception explicitly. Unknown formats, unknown keys, and patterns that
 match no linear layer are errors: a typo in a recipe must not silently leave a model unquantized.
 
@@ -25,8 +25,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from minispec.quant.modules import (FORMATS, QUANTIZED_INPUT, SCALE_KINDS, PackedLinear, QuantLinear,
-                                    check_finite, check_format)
+from minispec.quant.modules import (
+    FORMATS,
+    QUANTIZED_INPUT,
+    SCALE_KINDS,
+    PackedLinear,
+    QuantLinear,
+    check_finite,
+    check_format,
+)
 
 ALGORITHMS = ("max", "mse", "four_over_six")
 RECIPE_KEYS = {"name", "algorithm", "scales", "rules", "note"}
@@ -37,8 +44,9 @@ AGGRESSIVE = {"name": "aggressive", "algorithm": "max", "scales": "static", "rul
 # The same with NVFP4 activations too (W4A4, dynamic activation block scales, calibrated per-tensor amax).
 AGGRESSIVE_W4A4 = {"name": "aggressive-w4a4", "algorithm": "max", "scales": "static", "rules": [["*", "w4a4"]],
                    "note": "every linear layer NVFP4 W4A4, including attention and the (tied) output head"}
-# Lightning's published component map, transposed onto a dense transformer (research §6): MLPs and the
-# head NVFP4 W4A16 with four-over-six weights, attention projections BF16.
+# Lightning's published component map (Model Optimizer's recipe for Nemotron-3.5-Lightning-30B-A3B,
+# ptq/w4a16_nvfp4_4o6.yaml), transposed onto a dense transformer: MLPs and the head NVFP4 W4A16 with
+# four-over-six weights, attention projections BF16.
 LIGHTNING_LIKE = {"name": "lightning-like", "algorithm": "four_over_six", "scales": "static",
                   "rules": [["*self_attn*", "bf16"], ["*", "w4a16"]],
                   "note": "Nemotron-3.5-Lightning's map: MLP and head NVFP4 W4A16 4/6, attention BF16"}

@@ -1,7 +1,8 @@
-"""Does the quantized model still behave like the BF16 one? The seeds' way: a suite of metrics, each as
-quantized / BF16, summarized by the median score recovery, plus the reply-length drift.
+"""Does the quantized model still behave like the BF16 one? Scored as "NVFP4 quantization and QAD of
+Nemotron 3.5 Lightning" scores it: a suite of metrics, each as quantized / BF16, summarized by the median
+score recovery, plus the reply-length drift.
 
-Metrics on the frozen eval set (held-out code, teacher-forced, research §7), all "higher is better":
+Metrics on the frozen eval set (held-out code, teacher-forced), all "higher is better":
 
     accuracy            next-token argmax accuracy on the 128-token continuations
     accuracy/<cat>      the same on tokens of one category: name, keyword, whitespace, punctuation, literal
@@ -12,8 +13,9 @@ Metrics on the frozen eval set (held-out code, teacher-forced, research §7), al
 
     recovery_k = metric_k(quantized) / metric_k(BF16);   median score recovery = median_k recovery_k
 
-Reply-length drift = mean greedy reply length (capped) of the quantized model / BF16's − 1; the seeds cap
-it at +5 %. The seeds' replies end at EOS; bolt-mini's greedy continuations of held-out files rarely reach
+Reply-length drift = mean greedy reply length (capped) of the quantized model / BF16's − 1; "Nemotron 3.5
+Super and Lightning: Open, Efficient Mixture-of-Experts Hybrid Mamba-Transformer Models for Agentic AI"
+caps it at +5 %. Its replies end at EOS; bolt-mini's greedy continuations of held-out files rarely reach
 EOS within the cap, so a reply here ends at EOS or at the first blank line (`reply_stop_ids`), the end of
 a block of code. Replies start near the end of held-out files.
 """

@@ -2,7 +2,7 @@
 
     folder/config.json           the model's config plus "quantization_config" (quant_method "modelopt")
     folder/hf_quant_config.json  {"producer": ..., "quantization": the same fields}
-    folder/model.safetensors     per quantized layer (research/nvfp4_qad.md §1.7):
+    folder/model.safetensors     per quantized layer (Model Optimizer's `NVFP4QTensor` names and layout):
         NVFP4  <layer>.weight uint8 [N, K/2] (two E2M1 codes a byte, even element low),
                <layer>.weight_scale float8_e4m3fn [N, K/16], <layer>.weight_scale_2 float32 [] (= amax/2688),
                <layer>.input_scale float32 [] for W4A4 (activation amax / 2688)

@@ -1,6 +1,6 @@
 """Quantized linear layers: fake quantization for calibration, sensitivity and QAD; packed layers for serving.
 
-Formats (what a recipe maps a module name to; research/nvfp4_qad.md §1, §6):
+Formats (what a recipe maps a module name to; the formats of Model Optimizer's Nemotron recipes):
 
     "w4a16"  NVFP4 weights (E2M1 codes, E4M3 scale per 16, FP32 per tensor), 16-bit activations   4.5 bits
     "w4a4"   NVFP4 weights and NVFP4 activations (dynamic block scales, calibrated per-tensor amax) 4.5 bits
@@ -11,7 +11,7 @@ Fake quantization computes x̂ = dequantize(quantize(x)) in float32 and returns 
 the forward sees x̂, the backward passes the gradient straight through (the straight-through estimator,
 Model Optimizer's default `pass_through_bwd=True`), so QAD can train the full-precision weights.
 
-NVFP4 weight scales come in two kinds (§4.3):
+NVFP4 weight scales come in two kinds (as in Model Optimizer's quantizers):
     static   block scales fixed at calibration (max, MSE or four-over-six) and kept in a buffer; weights
              that grow past 6 · s_b · g during QAD saturate. Needed by MSE and four-over-six, whose
              per-block choice is a calibration result.
@@ -98,7 +98,8 @@ def mse_block_scales(weight: torch.Tensor, global_scale: torch.Tensor,
     """Per block, the E4M3 scale of c · a_b / (6 · g) with the c that minimizes the block's squared error.
 
     weight [N, K]. Returns float32 [N, K // 16]. Candidates are tried in order; the first of equal errors
-    wins, so c = 1 (plain max) is kept unless another multiplier is strictly better (§3.2).
+    wins, so c = 1 (plain max) is kept unless another multiplier is strictly better (as Model Optimizer's
+    `MseCalibrator` keeps the first argmin).
     """
     blocks = weight.float().reshape(weight.shape[0], -1, nvfp4.BLOCK_SIZE)
     amax = blocks.abs().amax(dim=-1)

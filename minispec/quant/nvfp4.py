@@ -1,6 +1,6 @@
 """NVFP4: 4-bit E2M1 values in blocks of 16, one FP8 E4M3 scale per block, one FP32 scale per tensor.
 
-The format (NVIDIA Blackwell / OCP-style microscaling; research/nvfp4_qad.md §1):
+The format (NVIDIA Blackwell / OCP-style microscaling, as NVIDIA Model Optimizer's `NVFP4QTensor` writes it):
 
     x  [..., K]                        K a multiple of 16 (the block size); blocks run along the last dim
     g  = amax(|x|) / (6 · 448)         per-tensor *decode* scale, float32        ("weight_scale_2")
@@ -12,14 +12,15 @@ E2M1(·) and E4M3(·) round to nearest, ties to even, and saturate (at ±6 and 4
 elements 2j and 2j+1 share byte j: element 2j in the low nibble. g uses 448 so that the block holding
 the tensor's max gets the largest block scale, 448.
 
-Four-over-six (§2, arXiv 2512.02010): E2M1 is coarse near its top (4 → 6 is one step), so mapping a
-block's max to 6 can cost a lot of error on the block's largest values. For each block, also try
-mapping the max to 4 (block scale a_b / (4 · g)) and keep whichever reconstructs the block with the
+Four-over-six ("Four Over Six: More Accurate NVFP4 Quantization with Adaptive Block Scaling", arXiv
+2512.02010; reference code mit-han-lab/fouroversix): E2M1 is coarse near its top (4 → 6 is one step),
+so mapping a block's max to 6 can cost a lot of error on the block's largest values. For each block,
+also try mapping the max to 4 (block scale a_b / (4 · g)) and keep whichever reconstructs the block with the
 smaller squared error (ties keep 6). The ×1.5 larger scale must still fit in E4M3, so g uses 256
 instead of 448: g = amax / (6 · 256); the largest scale is then 1.5 · 256 = 384 ≤ 448. The result is
 an ordinary NVFP4 tensor: nothing downstream knows which blocks chose 4.
 
-Decisions where the public implementations disagree (research §1.4–1.6), all tested:
+Decisions where the public implementations (Model Optimizer, torchao, fouroversix, vLLM) disagree, all tested:
   - op order follows NVIDIA Model Optimizer's `NVFP4QTensor`: g = amax / 2688, s_b from a_b / (6 · g),
     codes from x / (s_b · g). torchao computes (a_b / 6) / g and x · ((1/g) / s_b): its block scales
     and codes differ from these by one step where the exact value is a tie (common with bf16 inputs).
@@ -39,7 +40,8 @@ Decisions where the public implementations disagree (research §1.4–1.6), all 
   - elements are clamped to ±6 before rounding (only matters when the caller's global scale is too
     small for the tensor; then the block scale saturates at 448 and elements at ±6).
   - everything is computed in float32, whatever the input dtype: the scaled value is never rounded to
-    bf16 before E2M1 rounding (that double rounding turns 2.500004 into 2 instead of 3, §1.6).
+    bf16 before E2M1 rounding (that double rounding turns 2.500004 into 2 instead of 3: the bug that
+    vllm-project/compressed-tensors PR #822 fixed).
 Bad input is refused, never fixed silently: K not a multiple of 16 (pad it yourself), NaN/±inf.
 
 The Triton kernels beside this reference (kernels/nvfp4.py) produce the same codes and block scales
@@ -104,7 +106,9 @@ def e4m3_round(x: torch.Tensor) -> torch.Tensor:
     x: any shape, float32, >= 0 (block scales are non-negative). Returns float32 of the same shape whose
     values are exactly representable in torch.float8_e4m3fn. E4M3 has 3 mantissa bits, exponent bias
     7, smallest normal 2**-6 and subnormals down to 2**-9. Computed arithmetically (not by a cast) so
-    that the rule is visible and so that it matches the kernel, which cannot trust Triton's cast (§1.9).
+    that the rule is visible and so that it matches the kernel, which cannot trust Triton's cast (in the
+    interpreter `.to(tl.float8e4nv)` drops the carry into the exponent, 126.7 -> 64: triton-lang/triton
+    PR #11897).
     Saturating after rounding is the same as rounding the clamped value: 448..464 rounds to 448 anyway.
     """
     return _round_to_float_grid(x, mantissa_bits=3, min_exponent=-6).clamp(max=E4M3_MAX)
@@ -202,7 +206,7 @@ def four_over_six_block_scales(blocks: torch.Tensor, global_scale: torch.Tensor)
 
     blocks: [..., nb, 16] float32. global_scale: g, normally amax / (6 · 256). Returns float32 [..., nb]
     block scales (E4M3 values). The block keeps "max → 6" unless "max → 4" has strictly smaller squared
-    error (research §2.2).
+    error, as in mit-han-lab/fouroversix and Model Optimizer's MSE search over amax multipliers {1.0, 1.5}.
     """
     block_amax = blocks.abs().amax(dim=-1)
     scale_6 = block_scales(block_amax, global_scale, max_code=6.0)
@@ -260,7 +264,7 @@ class NVFP4Tensor:
         """Bytes of storage: packed codes + block scales + the global scale."""
         return self.codes.numel() + self.block_scales.numel() + 4
 
-    def to(self, device) -> "NVFP4Tensor":
+    def to(self, device) -> NVFP4Tensor:
         return NVFP4Tensor(self.codes.to(device), self.block_scales.to(device), self.global_scale.to(device),
                            self.shape)
 

@@ -6,9 +6,10 @@ replaced by the empirical Fisher diag(g²), g = ∂L/∂Y at the unquantized mod
 
     ΔL ≈ ½ Σ_i (g_i · ΔY_r,i)²        score(layer, r) = Σ_batches Σ_i (g_i · ΔY_r,i)²
 
-(research/nvfp4_qad.md §5). One forward + backward per batch scores every layer and format at once.
-Scores are then made monotone in bits (a wider format never scores worse than a narrower one), and a
-recipe picks one format per layer: minimum total score under an average-bits budget.
+(Model Optimizer's `AutoQuantizeGradientSearcher`, modelopt/torch/quantization/algorithms.py). One
+forward + backward per batch scores every layer and format at once. Scores are then made monotone in
+bits (a wider format never scores worse than a narrower one), and a recipe picks one format per layer:
+minimum total score under an average-bits budget.
 """
 from __future__ import annotations
 

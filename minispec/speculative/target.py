@@ -5,7 +5,7 @@
     forward(tokens)         a verify window: feed [B, n] tokens that may be rolled back
     rollback(keep, n)       of the last forward's n tokens, row b keeps its first keep[b]
 
-`target_adapter(model)` picks the adapter: a model with its own cache (minispec.ssm.HybridLM, whose
+`target_adapter(model)` picks the adapter: a model with its own cache (minispec.ssm.hybrid.HybridLM, whose
 Mamba states cannot be cropped) brings its own through `model.speculative_target(...)`; any other
 Hugging Face causal LM gets `HFTarget`.
 

@@ -21,7 +21,8 @@ caller's generator, so a run is reproducible. Without mixing, depth k always tak
 exactly what the head sees when it drafts.
 
 1 − TV(p, q) = Σ_v min(p_v, q_v) is the probability that a draft sampled from q is accepted against p
-(research notes §0, item 3): the number acceptance pays for, reported per depth beside the KL.
+(Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding"): the number
+acceptance pays for, reported per depth beside the KL.
 """
 from __future__ import annotations
 
@@ -139,8 +140,8 @@ def boost_loss(head: MTPHead, backbone: Backbone, input_ids: Tensor, depths: int
     """Per-depth KL(backbone ‖ head) on input_ids [B, S]; the backbone runs without gradients.
 
     loss_mask [B, S]: 1 where position p's next-token distribution counts (default: everywhere real).
-    objective="tv" trains on TV(p, q) = 1 − Σ min(p, q) instead, the acceptance loss itself (the "LK"
-    loss of research §1.3); `kl` and `acceptance` are reported either way.
+    objective="tv" trains on TV(p, q) = 1 − Σ min(p, q) instead, the acceptance loss itself (the
+    "LK losses" of Samarin et al. 2026, arXiv 2602.23881); `kl` and `acceptance` are reported either way.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")

@@ -14,7 +14,8 @@ CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 TARGETS = {
     "bolt-mini": "python -m minispec.targets.train bolt-mini",
     "bolt-nano": "python -m minispec.targets.train bolt-nano",  # bolt-mini's draft model; a causal LM too
-    "lightning-mini": "python -m minispec.targets.train lightning-mini",  # Nemotron-H hybrid (Mamba replay)
+    # Nemotron-H hybrid (Mamba replay); the joint SFT stage trains it together with its MTP head
+    "lightning-mini": "python -m minispec.targets.train lightning-mini, then python -m minispec.mtp.stages sft",
 }
 
 

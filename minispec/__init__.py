@@ -12,11 +12,11 @@ from minispec.backend import enable_interpreter_if_needed
 # "run the kernels under the Triton interpreter".
 enable_interpreter_if_needed()
 
-from minispec.drafters import load_drafter  # noqa: E402
-from minispec.speculative.autoregressive import Generation, autoregressive_generate  # noqa: E402
-from minispec.speculative.speculative import SpecGeneration, speculative_generate  # noqa: E402
-from minispec.targets.evalset import load_evalset  # noqa: E402
-from minispec.targets.load import load_target  # noqa: E402
+from minispec.drafters import load_drafter
+from minispec.speculative.autoregressive import Generation, autoregressive_generate
+from minispec.speculative.speculative import SpecGeneration, speculative_generate
+from minispec.targets.evalset import load_evalset
+from minispec.targets.load import load_target
 
 __all__ = ["Generation", "SpecGeneration", "autoregressive_generate", "load_drafter", "load_evalset", "load_target",
            "speculative_generate"]

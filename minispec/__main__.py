@@ -22,7 +22,7 @@ def demo(args) -> None:
     drafter = ms.load_drafter(args.drafter, model)
     print(f"{args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters), "
           f"drafter {args.drafter}, K={drafter.num_draft_tokens}, T={args.temperature}")
-    print("--- prompt (frozen eval set #%d, last 300 characters) ---" % args.prompt)
+    print(f"--- prompt (frozen eval set #{args.prompt}, last 300 characters) ---")
     print(tok.decode(prompt)[-300:])
     print("--- speculative continuation ---")
     strip = AnsiStrip(tok)
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="speculative decoding on the shipped bolt-mini, with tokens/s vs AR")
     d.add_argument("--model", default="bolt-mini")
-    d.add_argument("--drafter", default="ngram", help='"ngram" (the fastest on bolt-mini today), "bolt-nano" or a draft-model folder')
+    d.add_argument("--drafter", default="ngram",
+                   help='"ngram" (the fastest on bolt-mini today), "bolt-nano" or a draft-model folder')
     d.add_argument("--prompt", type=int, default=0, help="index into the frozen eval set")
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument("--temperature", type=float, default=0.0)

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from tiny import save_with_tokenizer, tiny_gemma
 
 import minispec as ms
 from minispec.speculative.batch import as_prompt_batch
+from tiny import save_with_tokenizer, tiny_gemma
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +81,9 @@ def test_eos_ends_a_sequence_and_pads_after(tiny):
 
 def test_sampling_is_seeded_and_reproducible(tiny):
     prompt = torch.randint(4, 4096, (2, 12), generator=torch.Generator().manual_seed(3))
-    run = lambda seed: ms.autoregressive_generate(tiny, prompt, 20, temperature=1.0, top_k=50, top_p=0.9,
-                                                  generator=torch.Generator().manual_seed(seed)).tokens
+    def run(seed):
+        return ms.autoregressive_generate(tiny, prompt, 20, temperature=1.0, top_k=50, top_p=0.9,
+                                                      generator=torch.Generator().manual_seed(seed)).tokens
     assert torch.equal(run(7), run(7))
     assert not torch.equal(run(7), run(8))
 

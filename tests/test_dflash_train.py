@@ -2,13 +2,13 @@
 resumes exactly, leaves the target untouched, and saves a drafter the speculative loop runs exactly."""
 import pytest
 import torch
-from tiny import assert_same_as_ar, save_with_tokenizer, tiny_gemma
 
 from minispec.dflash.config import DFlashConfig
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.dflash.model import DFlashDraftModel
 from minispec.dflash.train import Settings, evaluate, train
 from minispec.targets.load import load_target
+from tiny import assert_same_as_ar, save_with_tokenizer, tiny_gemma
 
 MASK_ID = 3
 

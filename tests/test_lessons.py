@@ -7,17 +7,17 @@ import matplotlib
 
 matplotlib.use("Agg")  # before anything imports pyplot
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tiny import tiny_gemma  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
 
-from minispec import costs  # noqa: E402
-from minispec.drafters import DraftLMDrafter, NGramDrafter  # noqa: E402
-from minispec.speculative.autoregressive import autoregressive_generate  # noqa: E402
-from minispec.speculative.sampling import sampling_probs  # noqa: E402
-from minispec.speculative.verify import verify  # noqa: E402
-from minispec.lessons import speculative_sampling as lessons  # noqa: E402
+from minispec import costs
+from minispec.drafters import DraftLMDrafter, NGramDrafter
+from minispec.lessons import speculative_sampling as lessons
+from minispec.speculative.autoregressive import autoregressive_generate
+from minispec.speculative.sampling import sampling_probs
+from minispec.speculative.verify import verify
+from tiny import tiny_gemma
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_speculative_sampling.ipynb"
 

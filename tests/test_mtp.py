@@ -1,7 +1,6 @@
 """minispec.mtp: the recursive MTP head as a drafter (exactness, its cache, weight names, bad input)."""
 import pytest
 import torch
-from tiny import assert_same_as_ar, tiny_gemma
 from transformers import NemotronHConfig
 
 import minispec as ms
@@ -9,6 +8,7 @@ from minispec.drafters.base import Sampling
 from minispec.mtp import Backbone, MTPConfig, MTPDrafter, MTPHead
 from minispec.mtp.boost import boost_loss, run_depths
 from minispec.ssm.hybrid import HybridLM
+from tiny import assert_same_as_ar, tiny_gemma
 
 PROMPTS = [torch.tensor([5, 6, 7, 8, 9, 10]), torch.tensor([11, 12, 13])]  # ragged: left padding
 

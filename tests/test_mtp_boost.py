@@ -1,11 +1,17 @@
 """minispec.mtp.boost: hidden-state mixing, the per-depth KL / acceptance loss, the frozen-backbone guard."""
 import pytest
 import torch
-from tiny import tiny_gemma
 
 from minispec.mtp import Backbone, MTPConfig, MTPHead
-from minispec.mtp.boost import (FrozenBackbone, boost_loss, chained_hidden_state, mix_hidden_states, run_depths,
-                                stand_in_gap)
+from minispec.mtp.boost import (
+    FrozenBackbone,
+    boost_loss,
+    chained_hidden_state,
+    mix_hidden_states,
+    run_depths,
+    stand_in_gap,
+)
+from tiny import tiny_gemma
 
 B, S, H = 32, 40, 4
 

@@ -4,11 +4,11 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny import tiny_gemma
 
 from minispec.mtp import Backbone, MTPConfig, MTPHead
 from minispec.mtp.boost import distribution_shift, run_depths
 from minispec.mtp.sft import joint_loss
+from tiny import tiny_gemma
 
 
 @pytest.fixture()

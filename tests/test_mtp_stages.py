@@ -1,5 +1,5 @@
-"""minispec.mtp.stages: replies decoded with HybridLM's cache, the stage-1 loop resumes exactly, and the
-shipped heads (stage 1 beside lightning-mini, boosted beside lightning-mini-post) are exact and help."""
+"""minispec.mtp.stages: a HybridLM's replies (minispec.targets.replies), the stage-1 loop resumes exactly,
+and the shipped heads (stage 1 beside lightning-mini, boosted beside lightning-mini-post) are exact and help."""
 import json
 
 import pytest
@@ -7,10 +7,10 @@ import torch
 from transformers import NemotronHConfig, NemotronHForCausalLM
 
 import minispec as ms
-from minispec.mtp import MTPDrafter, MTPHead, check_head_fits
-from minispec.mtp import stages
+from minispec.mtp import MTPDrafter, MTPHead, check_head_fits, stages
 from minispec.mtp.backbone import Backbone
 from minispec.ssm.hybrid import HybridLM
+from minispec.targets.replies import replies_to
 
 
 def tiny_hybrid(vocab=4096, seed=0):
@@ -29,7 +29,7 @@ def tiny_hybrid(vocab=4096, seed=0):
 def test_greedy_replies_are_the_models_own_greedy_continuation():
     model = tiny_hybrid(vocab=64)
     prompts = torch.randint(3, 64, (5, 9), generator=torch.Generator().manual_seed(0))
-    replies = stages.sample_replies(model, prompts, 7, temperature=0.0, batch_size=2)
+    replies = replies_to(model, prompts, 7, temperature=0.0, batch_size=2)
     assert replies.input_ids.shape == (5, 16)
     assert torch.equal(replies.input_ids[:, :9], prompts)
     reply = replies.input_ids[:, 9:]
@@ -46,12 +46,12 @@ def test_greedy_replies_are_the_models_own_greedy_continuation():
 def test_sampled_replies_are_seeded():
     model = tiny_hybrid(vocab=64)
     prompts = torch.randint(3, 64, (3, 6), generator=torch.Generator().manual_seed(1))
-    a = stages.sample_replies(model, prompts, 5, temperature=1.0, seed=3)
-    b = stages.sample_replies(model, prompts, 5, temperature=1.0, seed=3)
-    c = stages.sample_replies(model, prompts, 5, temperature=1.0, seed=4)
+    a = replies_to(model, prompts, 5, temperature=1.0, seed=3)
+    b = replies_to(model, prompts, 5, temperature=1.0, seed=3)
+    c = replies_to(model, prompts, 5, temperature=1.0, seed=4)
     assert torch.equal(a.input_ids, b.input_ids) and not torch.equal(a.input_ids, c.input_ids)
     with pytest.raises(ValueError, match="reply_len"):
-        stages.sample_replies(model, prompts, 0)
+        replies_to(model, prompts, 0)
 
 
 def tiny_hf(seed=0):
@@ -109,7 +109,8 @@ def test_shipped_heads_are_mtp_named_fit_and_greedy_equals_ar(shipped):
     for name in stages.boost_runs():  # every stage-3 head ships (boost-hsm is `boosted`, beside its backbone)
         head = MTPHead.from_pretrained(stages.head_folder(name))
         check_head_fits(head, Backbone.of(post))
-        assert json.loads((stages.head_folder(name) / "mtp_training.json").read_text())["stage"].startswith(f"3: {name}")
+        record = json.loads((stages.head_folder(name) / "mtp_training.json").read_text())
+        assert record["stage"].startswith(f"3: {name}")
     prompt = ms.load_evalset().prompts[0][None]
     for model, head in ((sft, stale), (post, boosted)):
         out = ms.speculative_generate(model, MTPDrafter(head, model, 3), prompt, 20)
@@ -136,8 +137,8 @@ def test_hsm_study_pairs_seeds_and_resumes(tmp_path):
     model = tiny_hybrid()
     start = MTPHead(stages.head_config(model.config))
     prompts = torch.randint(3, 4096, (6, 8), generator=torch.Generator().manual_seed(2))
-    replies = stages.sample_replies(model, prompts, 8, temperature=1.0)
-    held_out = stages.sample_replies(model, prompts[:3], 8, temperature=1.0, seed=5)
+    replies = replies_to(model, prompts, 8, temperature=1.0)
+    held_out = replies_to(model, prompts[:3], 8, temperature=1.0, seed=5)
     arms = {"boost-hsm": BoostSettings(steps=2, batch=2, depths=2, hsm=True, warmup=1),
             "boost-depth1": BoostSettings(steps=2, batch=2, depths=1, hsm=False, warmup=1)}
     a = stages.hsm_study(model, start, replies, held_out, 2, arms, tmp_path)

@@ -1,8 +1,9 @@
 """The package installs as one `minispec`, with kernels/ mapped to `minispec.kernels`."""
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

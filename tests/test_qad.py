@@ -4,12 +4,12 @@ import copy
 
 import pytest
 import torch
-from tiny import tiny_gemma
 
 from minispec import quant
 from minispec.kl import kl_divergence
 from minispec.quant.modules import QuantLinear, nvfp4_fake
 from minispec.quant.qad import Settings, evaluate_kl, make_student, qad_loss, train
+from tiny import tiny_gemma
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,11 @@
 loss mask on the reply only, reproducible and cached."""
 import pytest
 import torch
-from tiny import tiny_gemma
 
 import minispec as ms
 from minispec.targets import replies
 from minispec.targets.replies import Replies, generate_replies
+from tiny import tiny_gemma
 
 
 @pytest.fixture(scope="module")

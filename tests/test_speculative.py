@@ -1,12 +1,12 @@
 import pytest
 import torch
-from tiny import assert_same_as_ar, tiny_gemma
 
 import minispec as ms
 from minispec.drafters import DraftLMDrafter, NGramDrafter
 from minispec.drafters.ngram import lookup
 from minispec.speculative.batch import as_prompt_batch
 from minispec.speculative.target import HFTarget
+from tiny import assert_same_as_ar, tiny_gemma
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +92,12 @@ def test_stats_and_on_cycle(target):
 
 
 def test_sampled_spec_is_seeded(target):
-    drafter = lambda: DraftLMDrafter(tiny_gemma(layers=2, seed=1), num_draft_tokens=3)
+    def drafter():
+        return DraftLMDrafter(tiny_gemma(layers=2, seed=1), num_draft_tokens=3)
     prompts = prompts_with_repeats()
-    run = lambda seed: ms.speculative_generate(target, drafter(), prompts, 20, temperature=1.0, top_k=40,
-                                               generator=torch.Generator().manual_seed(seed)).tokens
+    def run(seed):
+        return ms.speculative_generate(target, drafter(), prompts, 20, temperature=1.0, top_k=40,
+                                       generator=torch.Generator().manual_seed(seed)).tokens
     assert torch.equal(run(3), run(3))
     assert not torch.equal(run(3), run(4))
 

@@ -37,7 +37,8 @@ def random_block(B, K, V, seed, one_hot_q=False, ragged=False, device="cpu"):
 def run(impl, *args, **kwargs):
     """Call the reference on CPU, or the kernel on KERNEL_DEVICE; None and ints pass through."""
     dev = KERNEL_DEVICE if impl == "kernel" else "cpu"
-    to = lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    def to(t):
+        return t.to(dev) if isinstance(t, torch.Tensor) else t
     return IMPLS[impl](*map(to, args), **{k: to(v) for k, v in kwargs.items()})
 
 

@@ -9,14 +9,22 @@ import matplotlib
 
 matplotlib.use("Agg")  # before anything imports pyplot
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+import pytest
+import torch
+from transformers import AutoTokenizer
 
-from minispec.speculative.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token  # noqa: E402
-from minispec.targets.load import CHECKPOINTS  # noqa: E402
-from minispec.viz import (AnsiStrip, LivePlot, TokenStrip, acceptance_vs_temperature,  # noqa: E402
-                          ansi_strip, distribution_pair, per_position_acceptance, tau_histogram)
+from minispec.speculative.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token
+from minispec.targets.load import CHECKPOINTS
+from minispec.viz import (
+    AnsiStrip,
+    LivePlot,
+    TokenStrip,
+    acceptance_vs_temperature,
+    ansi_strip,
+    distribution_pair,
+    per_position_acceptance,
+    tau_histogram,
+)
 
 SNIPPET = 'if a < b && x:\n    return "<&>"\n'
 
@@ -171,7 +179,8 @@ def test_ansi_colours_in_token_order(tok, records):
 
 
 def test_ansi_without_colour_uses_markers(tok, records):
-    d = lambda i: tok.decode([i])  # noqa: E731
+    def d(i):
+        return tok.decode([i])
     r0 = records[0]
     expected = "".join(d(i) for i in r0.emitted[:3]) + f"[-{d(r0.tokens[3].id)}-][*{d(r0.emitted[3])}*]"
     out = ansi_strip(records, tok, color=False)

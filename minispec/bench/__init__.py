@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     print_table(rows)
     out = args.json or Path("bench-results") / f"{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"bench": args.name, "machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
-                               "rows": rows}, indent=1))
+    out.write_text(json.dumps({"bench": args.name, "machine": machine(),
+                               "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
     print(f"wrote {out}")
 

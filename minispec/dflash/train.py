@@ -1,6 +1,7 @@
 """Train a DFlash drafter for a shipped target on CPU: `python -m minispec.dflash.train --target bolt-mini`.
 
-One step (research/dflash.md §4):
+One step (the recipe of SpecForge's `train_dflash.py` and Model Optimizer's DFlash trainer; z-lab has
+not published its own):
 
     x        = a seeded batch of training windows                      (same batch for the same (seed, step))
     F, p_t   = ONE frozen target forward: tap features (and its logits for distillation)
@@ -10,8 +11,8 @@ One step (research/dflash.md §4):
                distribution for token a + k (read at position a + k - 1); the anchor has no loss
 
 Only the drafter's own weights train: the target (whose embedding, and head unless the drafter has its
-own, the drafter borrows) is frozen and never handed to the optimizer. Resumable like
-`minispec.targets.train`: `train_state.pt` in the work dir, checked against the settings.
+own, the drafter borrows) is frozen and never handed to the optimizer. The loop is
+`minispec.training.train_loop`: seeded, resumable from `train_state.pt` in the work dir.
 """
 from __future__ import annotations
 
@@ -24,25 +25,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from minispec import resume
+from minispec import training
 from minispec.dflash import mask as dmask
 from minispec.dflash.config import bolt_mini_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
 from minispec.targets import corpus, data
 from minispec.targets.load import CHECKPOINTS, load_target
 from minispec.targets.replies import Replies, generate_replies
-from minispec.targets.train import lr_at, weight_decay_groups  # the schedule and AdamW groups of the targets
 
 
 @dataclass
-class Settings:
+class Settings(training.Settings):
     steps: int = 600
-    batch: int = 8
+    warmup: int = 20
+    weight_decay: float = 0.01
     seq_len: int = 512  # window length when training on a token stream instead of replies
-    # Training data: the target's own replies to train-split prompts (research/dflash.md §4: DFlash
-    # regenerates its responses with the target), greedy ones for T = 0 and sampled ones for T > 0.
+    # Training data: the target's own replies to train-split prompts (SpecForge and Model Optimizer
+    # regenerate the responses with the target), greedy ones for T = 0 and sampled ones for T > 0.
     greedy_replies: int = 1024
     sampled_replies: int = 512
     prompt_len: int = 64
@@ -50,13 +50,6 @@ class Settings:
     num_anchors: int = 64  # blocks per sequence per step
     gamma: float = 4.0  # loss decay exp(-(k-1)/gamma); 4 for B = 8
     distill: float = 0.5  # weight of the soft-label loss against the target (0: hard labels only)
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
-    warmup: int = 20
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 0
-    ckpt_every: int = 50
     eval_replies: int = 32  # greedy replies to val-split prompts
 
 
@@ -134,7 +127,7 @@ def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor | Replies,
 
 def make_optimizer(drafter: DFlashDraftModel, s: Settings) -> torch.optim.AdamW:
     params = [p for p in drafter.parameters() if p.requires_grad]  # the drafter's own weights only
-    return torch.optim.AdamW(weight_decay_groups(params, s.weight_decay), lr=s.lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(training.weight_decay_groups(params, s.weight_decay), lr=s.lr, betas=(0.9, 0.95))
 
 
 def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s: Settings, work_dir: Path,
@@ -148,35 +141,14 @@ def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s:
     """
     freeze(target)
     drafter.attach_target(target)
-    opt = make_optimizer(drafter, s)
-    ckpt = Path(work_dir) / "train_state.pt"
-    modules = {"model": drafter, "optimizer": opt}
-    start, history = resume.load(ckpt, modules, asdict(s))
-    if start:
-        print(f"resuming from step {start}")
-    end = s.steps if stop_after is None else min(s.steps, stop_after)
-    drafter.train()
-    bar = tqdm(range(start, end), initial=start, total=s.steps, desc=desc)
-    for step in bar:
+
+    def batch_loss(step: int):
         x, loss_mask = batch_at(dataset, s, step)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, s)
         loss, acc = step_loss(drafter, target, x, loss_mask, s, step)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), s.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        history.append({"loss": loss.item(), "accuracy": acc})
-        if on_step is not None:
-            on_step(step, history[-1])
-            drafter.train()
-        recent = history[-20:]
-        bar.set_postfix(loss=f"{sum(h['loss'] for h in recent) / len(recent):.3f}",
-                        acc=f"{sum(h['accuracy'] for h in recent) / len(recent):.3f}")
-        if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
-            resume.save(ckpt, modules, step + 1, history, asdict(s))
-    drafter.eval()
-    return history
+        return loss, {"loss": loss.item(), "accuracy": acc}
+
+    return training.train_loop({"model": drafter}, make_optimizer(drafter, s), s, batch_loss,
+                               Path(work_dir) / "train_state.pt", stop_after=stop_after, on_step=on_step, desc=desc)
 
 
 def training_replies(target, tokenizer, s: Settings) -> Replies:

@@ -106,8 +106,8 @@ def hsm_study(study: dict, trained_depths: int = 3,
         ax.errorbar(depths, values.mean(0).tolist(), yerr=stderr.tolist(), marker="o", ms=4, capsize=3,
                     color=PALETTE[i % len(PALETTE)], label=labels.get(name, name))
     ax.axvspan(trained_depths + 0.5, len(depths) + 0.5, color="0.93", zorder=0)
-    ax.text(trained_depths + 0.6, 0.04, "deeper than the 3-depth runs trained", transform=ax.get_xaxis_transform(), fontsize=7,
-            color="0.4")
+    ax.text(trained_depths + 0.6, 0.04, "deeper than the 3-depth runs trained", transform=ax.get_xaxis_transform(),
+            fontsize=7, color="0.4")
     ax.set_xticks(depths)
     ax.set_xlabel("depth k (draft position)")
     ax.set_ylabel("1 − TV (mean over seeds)")

@@ -11,8 +11,8 @@ causal LM (a tiny `NemotronHForCausalLM` or Gemma in the tests).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ class Backbone:
     forward_fn: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]]
 
     @classmethod
-    def of(cls, model: nn.Module) -> "Backbone":
+    def of(cls, model: nn.Module) -> Backbone:
         if hasattr(model, "get_input_embeddings") and hasattr(model, "get_output_embeddings"):
             cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 

@@ -35,7 +35,6 @@ from minispec.kl import kl_divergence
 from minispec.mtp.backbone import Backbone, check_head_fits
 from minispec.mtp.head import MTPHead
 
-
 OBJECTIVES = ("kl", "tv")
 
 

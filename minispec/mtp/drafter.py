@@ -52,7 +52,7 @@ class MTPDrafter:
         self._last: torch.Tensor | None = None
 
     @classmethod
-    def beside(cls, target, num_draft_tokens: int = 3, argmax_drafts: bool = False) -> "MTPDrafter":
+    def beside(cls, target, num_draft_tokens: int = 3, argmax_drafts: bool = False) -> MTPDrafter:
         """The MTP head shipped beside `target`'s weights (`mtp_config.json` + `mtp.safetensors`, weights
         named `mtp.*` in the target's folder), as vLLM's `method: "mtp"` reads the target checkpoint's
         own MTP layers."""

@@ -69,7 +69,7 @@ class MTPConfig:
                              f"num_key_value_heads {self.num_key_value_heads}")
 
     @classmethod
-    def like(cls, backbone_config, **overrides) -> "MTPConfig":
+    def like(cls, backbone_config, **overrides) -> MTPConfig:
         """Sizes taken from a backbone's HF config (hidden size, vocab, heads, MLP width, eps)."""
         c = backbone_config
         fields = dict(hidden_size=c.hidden_size, vocab_size=c.vocab_size,
@@ -221,7 +221,7 @@ class MTPHead(nn.Module):
         return folder
 
     @classmethod
-    def from_pretrained(cls, folder, dtype: torch.dtype = torch.float32) -> "MTPHead":
+    def from_pretrained(cls, folder, dtype: torch.dtype = torch.float32) -> MTPHead:
         from safetensors.torch import load_file
 
         folder = Path(folder)

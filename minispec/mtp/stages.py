@@ -1,4 +1,6 @@
-"""Seed 004's MTP story at lightning-mini scale, one package script per stage:
+"""The MTP story of the Super/Lightning paper ("Nemotron 3.5 Super and Lightning: Open, Efficient
+Mixture-of-Experts Hybrid Mamba-Transformer Models for Agentic AI") at lightning-mini scale, one package
+script per stage:
 
     python -m minispec.mtp.stages sft         1. joint SFT: the pretrained lightning-mini and a fresh MTP head
                                                  trained together (LM loss + 0.1 x per-depth MTP loss); the
@@ -13,8 +15,8 @@
                                                  the same run trained at depth 1 only
 
 Stage 1 starts from `python -m minispec.targets.train lightning-mini`'s output and overwrites that folder,
-keeping the pretraining record under `previous_stage` in training.json. Every stage is seeded, shows
-tqdm, and resumes from `train_state.pt` in its work dir.
+keeping the pretraining record under `previous_stage` in training.json. Every stage trains with
+`minispec.training.train_loop`: seeded, tqdm, resumable from `train_state.pt` in its work dir.
 """
 from __future__ import annotations
 
@@ -30,13 +32,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from minispec import resume
+from minispec import training
 from minispec.mtp.backbone import Backbone
 from minispec.mtp.head import MTPConfig, MTPHead
 from minispec.mtp.sft import joint_loss
 from minispec.targets import corpus, data
 from minispec.targets.load import CHECKPOINTS
-from minispec.targets.train import lr_at, weight_decay_groups
+from minispec.targets.replies import Replies, generate_replies
 
 SFT_FOLDER = CHECKPOINTS / "lightning-mini"  # the stage-1 head lives beside its backbone (mtp.*)
 POST_FOLDER = CHECKPOINTS / "lightning-mini-post"  # the post-trained backbone + its boosted head
@@ -87,20 +89,15 @@ def _record(folder: Path, name: str, record: dict) -> None:
 
 # -- stage 1 -------------------------------------------------------------------------------------
 @dataclass
-class SFTSettings:
-    steps: int = 300
-    batch: int = 8
+class SFTSettings(training.Settings):
+    lr: float = 2e-3  # the fresh head
+    warmup: int = 20
+    weight_decay: float = 0.1  # backbone matrices only
+    ckpt_every: int = 25
     seq_len: int = 256
     depths: int = 3
     mtp_weight: float = 0.1  # Megatron-LM's mtp_loss_scaling_factor default
-    lr: float = 2e-3  # the fresh head
     backbone_lr: float = 5e-4  # the pretrained backbone, fine-tuned (same schedule, scaled)
-    min_lr_ratio: float = 0.1
-    warmup: int = 20
-    weight_decay: float = 0.1  # backbone matrices only
-    grad_clip: float = 1.0
-    seed: int = 0
-    ckpt_every: int = 25
 
 
 def train_sft(model, s: SFTSettings, work_dir: Path, stop_after: int | None = None) -> tuple[MTPHead, list]:
@@ -110,32 +107,20 @@ def train_sft(model, s: SFTSettings, work_dir: Path, stop_after: int | None = No
     head = MTPHead(head_config(model.config))
     for p in model.parameters():
         p.requires_grad_(True)
-    backbone = [{**g, "scale": s.backbone_lr / s.lr} for g in weight_decay_groups(model.parameters(), s.weight_decay)]
+    groups = training.weight_decay_groups(model.parameters(), s.weight_decay)
+    backbone = [{**g, "scale": s.backbone_lr / s.lr} for g in groups]  # train_loop: lr x a group's "scale"
     opt = torch.optim.AdamW([{"params": list(head.parameters()), "weight_decay": 0.0, "scale": 1.0}, *backbone],
                             lr=s.lr, betas=(0.9, 0.95))
     stream = data.token_stream("train", tokenizer())
-    path = work_dir / "train_state.pt"
-    modules = {"model": model, "head": head, "optimizer": opt}
-    start, history = resume.load(path, modules, asdict(s))
-    end = s.steps if stop_after is None else min(s.steps, stop_after)
-    model.train()
-    head.train()
-    bar = tqdm(range(start, end), initial=start, total=s.steps, desc="stage 1: joint SFT (backbone + head)")
-    for step in bar:
+
+    def batch_loss(step: int):
         x = data.random_windows(stream, s.batch, s.seq_len, s.seed, step)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, s) * group["scale"]
         res = joint_loss(model, head, x, s.depths, s.mtp_weight)
-        res.loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], s.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        history.append({"lm": res.lm.item(), "ce": res.mtp.tolist(), "accuracy": res.mtp_accuracy.tolist()})
-        bar.set_postfix(lm=f"{res.lm:.3f}", ce1=f"{res.mtp[0]:.3f}", acc1=f"{res.mtp_accuracy[0]:.3f}")
-        if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
-            resume.save(path, modules, step + 1, history, asdict(s))
-    model.eval()
-    return head.eval(), history
+        return res.loss, {"lm": res.lm.item(), "ce": res.mtp.tolist(), "accuracy": res.mtp_accuracy.tolist()}
+
+    history = training.train_loop({"model": model, "head": head}, opt, s, batch_loss, work_dir / "train_state.pt",
+                                  stop_after=stop_after, desc="stage 1: joint SFT (backbone + head)")
+    return head, history
 
 
 def pretrained_backbone(work_dir: Path):
@@ -146,8 +131,8 @@ def pretrained_backbone(work_dir: Path):
 
     record = json.loads((SFT_FOLDER / "training.json").read_text())
     if "previous_stage" in record and not (work_dir / "train_state.pt").exists():
-        raise ValueError(f"{SFT_FOLDER} already holds the joint SFT stage ({record['command']!r}); stage 1 "
-                         "starts from the pretrained model: run `python -m minispec.targets.train lightning-mini` first")
+        raise ValueError(f"{SFT_FOLDER} already holds the joint SFT stage ({record['command']!r}); stage 1 starts "
+                         "from the pretrained model: run `python -m minispec.targets.train lightning-mini` first")
     return AutoModelForCausalLM.from_pretrained(SFT_FOLDER, dtype=torch.float32)
 
 
@@ -160,17 +145,12 @@ def save_head(head: MTPHead, folder: Path) -> None:
 
 # -- stage 2 -------------------------------------------------------------------------------------
 @dataclass
-class PostSettings:
+class PostSettings(training.Settings):
     steps: int = 60
     batch: int = 4
-    seq_len: int = 128
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
-    warmup: int = 10
     weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
     ckpt_every: int = 20
+    seq_len: int = 128
 
 
 def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
@@ -178,86 +158,34 @@ def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
     shifted slice with the LM loss. Returns the HF model (float32) and the loss history."""
     from transformers import AutoModelForCausalLM
 
-    from minispec.targets.replies import weights_digest
-
     torch.manual_seed(s.seed)
     model = AutoModelForCausalLM.from_pretrained(SFT_FOLDER, dtype=torch.float32)
     stream = shifted_stream(tokenizer())
-    opt = torch.optim.AdamW(weight_decay_groups(model.parameters(), s.weight_decay), lr=s.lr, betas=(0.9, 0.95))
-    path = work_dir / "train_state.pt"
-    modules = {"model": model, "optimizer": opt}
-    origin = weights_digest(model)
-    if resume.stored(path, "origin") not in (None, origin):
-        raise ValueError(f"{path} post-trains another stage-1 backbone (lightning-mini changed since); delete it")
-    start, history = resume.load(path, modules, asdict(s))
-    end = s.steps if stop_after is None else min(s.steps, stop_after)
-    model.train()
-    bar = tqdm(range(start, end), initial=start, total=s.steps, desc="stage 2: post-train backbone")
-    for step in bar:
+    opt = torch.optim.AdamW(training.weight_decay_groups(model.parameters(), s.weight_decay), lr=s.lr,
+                            betas=(0.9, 0.95))
+
+    def batch_loss(step: int):
         x = data.random_windows(stream, s.batch, s.seq_len, s.seed, step)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, s)
         loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        history.append(loss.item())
-        bar.set_postfix(loss=f"{sum(history[-10:]) / len(history[-10:]):.3f}")
-        if (step + 1) % s.ckpt_every == 0 or step + 1 == end:
-            resume.save(path, modules, step + 1, history, asdict(s), origin=origin)
-    return model.eval(), history
+        return loss, loss.item()
+
+    # a resumed run must post-train the same stage-1 backbone ("origin")
+    history = training.train_loop({"model": model}, opt, s, batch_loss, work_dir / "train_state.pt",
+                                  stop_after=stop_after, desc="stage 2: post-train backbone",
+                                  must_match={"origin": training.weights_digest(model)})
+    return model, history
 
 
-# -- replies from a HybridLM ---------------------------------------------------------------------
-@torch.no_grad()
-def sample_replies(model, prompts: torch.Tensor, reply_len: int, temperature: float = 1.0, seed: int = 0,
-                   batch_size: int = 64):
-    """prompts [n, P] -> `Replies` (prompt ++ the model's own reply, loss mask on the reply up to and
-    including an EOS), decoded with HybridLM's cache. (minispec.targets.replies decodes through the
-    transformers cache API, which HybridLM does not implement.)"""
-    from minispec.speculative import sampling
-    from minispec.targets.replies import Replies
-
-    if reply_len < 1:
-        raise ValueError(f"reply_len must be >= 1, got {reply_len}")
-    eos, pad = model.config.eos_token_id, model.config.pad_token_id
-    generator = torch.Generator().manual_seed(seed)
-    ids, masks = [], []
-    for start in tqdm(range(0, len(prompts), batch_size), desc=f"replies T={temperature}"):
-        chunk = prompts[start: start + batch_size]
-        cache = model.new_cache(len(chunk))
-        logits = model(chunk, cache).logits[:, -1]
-        done = torch.zeros(len(chunk), dtype=torch.bool)
-        reply, real = [], []
-        for _ in range(reply_len):
-            token = sampling.next_token(logits, temperature, None, None, generator)
-            real.append(~done)
-            reply.append(token.masked_fill(done, pad))
-            done = done | (token == eos)
-            logits = model(token[:, None], cache).logits[:, -1]
-        ids.append(torch.cat([chunk, torch.stack(reply, 1)], 1))
-        masks.append(torch.cat([torch.zeros_like(chunk), torch.stack(real, 1).long()], 1))
-    return Replies(torch.cat(ids), torch.cat(masks))
-
-
-def corpus_replies(model, num: int = 512, prompt_len: int = 48, reply_len: int = 48, seed: int = 0):
+# -- stage 3's data ------------------------------------------------------------------------------
+def corpus_replies(model, num: int = 512, prompt_len: int = 48, reply_len: int = 48, seed: int = 0) -> Replies:
     """Stage 3's data: `num` seeded train-split prompts and the model's T = 1 replies, cached on disk."""
-    from minispec.targets.replies import Replies, weights_digest
-
-    path = work_root() / "replies" / f"{weights_digest(model)}-{num}-{prompt_len}-{reply_len}-{seed}.pt"
-    if path.exists():
-        return Replies(**torch.load(path))
-    prompts = data.random_windows(data.token_stream("train", tokenizer()), num, prompt_len, seed, step=-11)
-    replies = sample_replies(model, prompts, reply_len, 1.0, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"input_ids": replies.input_ids, "loss_mask": replies.loss_mask}, path)
-    return replies
+    return generate_replies(model, tokenizer(), num, prompt_len, reply_len, temperature=1.0, seed=seed,
+                            prompt_step=-11)
 
 
 # -- stage 4 -------------------------------------------------------------------------------------
 SIGNAL_DEPTHS = 5
-EVAL_KS = (3, 7)  # the depth the heads train at, and the issue's / Nebius' drafting depth
+EVAL_KS = (3, 7)  # the depth the heads train at, and Nebius' drafting depth (nebius/MTP-DeepSeek-V3-0324)
 MODES = (("T=0", 0.0, False), ("T=1 sampled", 1.0, False), ("T=1 argmax", 1.0, True))
 
 

@@ -5,11 +5,12 @@
     loss     forward KL(p_teacher ‖ p_student) of the next-token distributions at T = 1, per token,
              mean over tokens (minispec.kl.kl_divergence: the fused Triton kernel where it is dispatched)
 
-Every student parameter trains; quantizer scales are buffers and do not. With `scales: static` the block
-scales stay as calibrated (what four-over-six and MSE need: their per-block choice is a calibration
-result); with `scales: dynamic` they are recomputed from the moving weights at every forward (research
-§4.1–4.3). No cross-entropy term: the student learns the teacher's distribution, not the corpus.
-Seeded, resumable from `<work_dir>/qad.pt`; data are windows of the corpus' train split.
+Every student parameter trains; quantizer scales are buffers and do not (as in Model Optimizer's QAD).
+With `scales: static` the block scales stay as calibrated (what four-over-six and MSE need: their
+per-block choice is a calibration result); with `scales: dynamic` they are recomputed from the moving
+weights at every forward. No cross-entropy term (the QAD report, arXiv 2601.20088, trains on the KL
+alone): the student learns the teacher's distribution, not the corpus. Data are windows of the corpus'
+train split; the loop is `minispec.training.train_loop` (seeded, resumable from `<work_dir>/qad.pt`).
 """
 from __future__ import annotations
 
@@ -21,31 +22,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from minispec import resume
+from minispec import training
 from minispec.kl import kl_divergence
 from minispec.quant.api import AGGRESSIVE, AGGRESSIVE_W4A4, LIGHTNING_LIKE, check_recipe, load_recipe, quantize
-from minispec.targets.train import Settings as _TargetSettings
-from minispec.targets.train import lr_at
 
 
 @dataclass
-class Settings:
-    steps: int = 300
+class Settings(training.Settings):
     batch: int = 4
-    seq_len: int = 64
     lr: float = 1e-4
-    warmup: int = 10
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
-    ckpt_every: int = 50
-
-
-def _lr(step: int, s: Settings) -> float:
-    return lr_at(step, _TargetSettings(lr=s.lr, warmup=s.warmup, steps=s.steps, min_lr_ratio=s.min_lr_ratio))
+    seq_len: int = 64
 
 
 def freeze(teacher) -> None:
@@ -97,29 +84,14 @@ def train(teacher, student, batches, s: Settings, work_dir: Path | None = None, 
     """
     freeze(teacher)
     torch.manual_seed(s.seed)
-    opt = make_optimizer(student, s)
-    ckpt = Path(work_dir) / "qad.pt" if work_dir is not None else None
-    modules = {"student": student, "optimizer": opt}
-    start, history = resume.load(ckpt, modules, asdict(s)) if ckpt is not None else (0, [])
-    student.train()
-    end = s.steps if stop_after is None else min(s.steps, stop_after)
-    bar = tqdm(range(start, end), desc="QAD", disable=not progress, initial=start, total=s.steps)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, s)
+
+    def batch_loss(step: int):
         loss = qad_loss(teacher, student, batches(step))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), s.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        history.append(loss.item())
-        bar.set_postfix(kl=f"{sum(history[-20:]) / len(history[-20:]):.4f}")
-        if on_step is not None:
-            on_step(step, history[-1])
-        if ckpt is not None and ((step + 1) % s.ckpt_every == 0 or step + 1 == end):
-            resume.save(ckpt, modules, step + 1, history, asdict(s))
-    student.eval()
-    return history
+        return loss, loss.item()
+
+    return training.train_loop({"student": student}, make_optimizer(student, s), s, batch_loss,
+                               None if work_dir is None else Path(work_dir) / "qad.pt", stop_after=stop_after,
+                               on_step=on_step, desc="QAD", progress=progress)
 
 
 def corpus_batches(tokenizer, s: Settings, split: str = "train"):

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     total = sum(s for _, s in ranked)
     conservative = sens.conservative_recipe(teacher, scores, a.bits)
     calib = data.random_windows(data.token_stream("train", tok), 8, 64, 0, -1)  # as minispec.quant.qad calibrates
-    loop = lambda m: m(input_ids=calib)  # noqa: E731
+    def loop(m):
+        return m(input_ids=calib)
     models = {}
     runs = (("aggressive", AGGRESSIVE, a.qad_dir), ("aggressive-w4a4", AGGRESSIVE_W4A4, a.qad_w4a4_dir))
     for name, recipe, folder in runs:

@@ -28,7 +28,8 @@ def resolve(name_or_path: str | Path, known: dict[str, str] = TARGETS, kind: str
     if str(name_or_path) in known:
         folder = CHECKPOINTS / str(name_or_path)
         if not (folder / "config.json").exists():
-            raise FileNotFoundError(f"{kind} {name_or_path!r} is not in {folder}; build it with `{known[str(name_or_path)]}`")
+            raise FileNotFoundError(f"{kind} {name_or_path!r} is not in {folder}; "
+                                    f"build it with `{known[str(name_or_path)]}`")
         return folder
     folder = Path(name_or_path)
     if folder.is_dir() and (folder / "config.json").exists():

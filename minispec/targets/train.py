@@ -1,8 +1,8 @@
 """Train a shipped target model on CPU: `python -m minispec.targets.train bolt-mini`.
 
-Seeded and deterministic (the batch of step s depends only on (seed, s)), resumable (a checkpoint
-with model, optimizer and step is written every `--ckpt-every` steps; rerunning the same command
-continues from it), with a tqdm progress bar. The finished model is saved with `save_pretrained`
+The data are seeded random windows of the corpus' train split, the loss the next-token cross-entropy;
+the loop is `minispec.training.train_loop` (seeded, resumable from `train_state.pt` in the work dir
+every `--ckpt-every` steps, tqdm). The finished model is saved with `save_pretrained`
 in bfloat16 (to keep the package small) beside the tokenizer, with `training.json` recording the
 command, the data hash and the final validation loss of the saved (rounded) weights.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
 import time
@@ -18,10 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from minispec import resume
+from minispec import training
 from minispec.targets import corpus, data
 from minispec.targets.configs import CONFIGS
 
@@ -29,17 +27,11 @@ CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
 @dataclass
-class Settings:
+class Settings(training.Settings):
     steps: int = 1100
-    batch: int = 8
-    seq_len: int = 512
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
     warmup: int = 100
     weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-    ckpt_every: int = 50
+    seq_len: int = 512
     eval_windows: int = 64
 
 
@@ -47,21 +39,6 @@ class Settings:
 # lightning-mini is sized for ~25 minutes on one core (about 4 s per step).
 SETTINGS = {"bolt-mini": Settings(), "bolt-nano": Settings(steps=500, lr=3e-3),
             "lightning-mini": Settings(steps=360, lr=3e-3, warmup=30, ckpt_every=20)}
-
-
-def lr_at(step: int, s: Settings) -> float:
-    """Linear warmup, then cosine decay to `min_lr_ratio * lr`."""
-    if step < s.warmup:
-        return s.lr * (step + 1) / s.warmup
-    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
-    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def weight_decay_groups(params, weight_decay: float) -> list[dict]:
-    """AdamW parameter groups: weight decay on matrices (dim >= 2), none on norms, biases and gains."""
-    params = list(params)
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 @torch.no_grad()
@@ -89,28 +66,16 @@ def train(name: str, out: Path, work_dir: Path, s: Settings) -> dict:
     val_windows = data.sequential_windows(data.token_stream("val", tok), s.seq_len, s.eval_windows)
 
     model = AutoModelForCausalLM.from_config(CONFIGS[name]())
-    opt = torch.optim.AdamW(weight_decay_groups(model.parameters(), s.weight_decay), lr=s.lr, betas=(0.9, 0.95))
-    ckpt_path = work_dir / "train_state.pt"
-    modules = {"model": model, "optimizer": opt}
-    start, history = resume.load(ckpt_path, modules, asdict(s))
-    if start:
-        print(f"resuming from step {start}")
+    opt = torch.optim.AdamW(training.weight_decay_groups(model.parameters(), s.weight_decay), lr=s.lr,
+                            betas=(0.9, 0.95))
 
-    model.train()
-    bar = tqdm(range(start, s.steps), initial=start, total=s.steps, desc=f"train {name}")
-    for step in bar:
+    def batch_loss(step: int):
         x = data.random_windows(train_ids, s.batch, s.seq_len, s.seed, step)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, s)
         loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        history.append(loss.item())
-        bar.set_postfix(loss=f"{sum(history[-20:]) / len(history[-20:]):.3f}")
-        if (step + 1) % s.ckpt_every == 0 or step + 1 == s.steps:
-            resume.save(ckpt_path, modules, step + 1, history, asdict(s))
+        return loss, loss.item()
+
+    history = training.train_loop({"model": model}, opt, s, batch_loss, work_dir / "train_state.pt",
+                                  desc=f"train {name}")
 
     # Ship what the package loads: bf16 weights. Measure the loss of exactly those weights.
     model = model.to(torch.bfloat16).to(torch.float32)
@@ -144,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="output folder (default: the package's checkpoints)")
     p.add_argument("--work-dir", type=Path, help="where resumable train state lives")
     for field, default in asdict(Settings()).items():
-        p.add_argument("--" + field.replace("_", "-"), type=type(default), help=f"default: per model ({default} for bolt-mini)")
+        p.add_argument("--" + field.replace("_", "-"), type=type(default),
+                       help=f"default: per model ({default} for bolt-mini)")
     a = p.parse_args(argv)
     overrides = {k: getattr(a, k) for k in asdict(Settings()) if getattr(a, k) is not None}
     settings = Settings(**(asdict(SETTINGS[a.model]) | overrides))

@@ -7,11 +7,11 @@ tokens), then τ and the speedup over plain autoregressive decoding measured in 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 import minispec as ms
+from minispec.bench.timing import timed
 from minispec.viz import AnsiStrip
 
 
@@ -27,16 +27,14 @@ def demo(args) -> None:
     print("--- speculative continuation ---")
     strip = AnsiStrip(tok)
     strip.legend()
-    start = time.perf_counter()
-    spec = ms.speculative_generate(model, drafter, prompt, args.max_new_tokens, temperature=args.temperature,
-                                   generator=torch.Generator().manual_seed(0), on_cycle=strip)
-    spec_s = time.perf_counter() - start
+    spec_s, spec = timed(lambda: ms.speculative_generate(
+        model, drafter, prompt, args.max_new_tokens, temperature=args.temperature,
+        generator=torch.Generator().manual_seed(0), on_cycle=strip), 1, warmup=0)
     strip.finish()
 
-    start = time.perf_counter()
-    ar = ms.autoregressive_generate(model, prompt, args.max_new_tokens, temperature=args.temperature,
-                                    generator=torch.Generator().manual_seed(0))
-    ar_s = time.perf_counter() - start
+    ar_s, ar = timed(lambda: ms.autoregressive_generate(
+        model, prompt, args.max_new_tokens, temperature=args.temperature,
+        generator=torch.Generator().manual_seed(0)), 1, warmup=0)
     n_spec, n_ar = int(spec.lengths[0]), int(ar.lengths[0])
     print(f"--- τ = {spec.stats.tau:.2f} tokens per target forward; per-position acceptance "
           f"{[round(x, 2) for x in spec.stats.per_position.tolist()]}")

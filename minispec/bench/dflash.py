@@ -15,6 +15,7 @@ import torch
 
 import minispec as ms
 from minispec import costs
+from minispec.bench.timing import timed
 from minispec.speculative import sampling as smp
 from minispec.speculative.stats import SpecStats
 
@@ -89,27 +90,23 @@ def side_by_side(target, drafter, prompts, max_new_tokens: int, temperature: flo
         return ms.autoregressive_generate(target, p, max_new_tokens, temperature=temperature,
                                           generator=torch.Generator().manual_seed(seed))
 
-    timed = TimedDrafter(drafter)
+    drafter = TimedDrafter(drafter)
 
     def spec(p):
-        return ms.speculative_generate(target, timed, p, max_new_tokens, temperature=temperature,
+        return ms.speculative_generate(target, drafter, p, max_new_tokens, temperature=temperature,
                                        generator=torch.Generator().manual_seed(seed))
 
-    ar(prompts[0]), spec(prompts[0])  # warm-up
-    timed.seconds = 0.0
-    start = time.perf_counter()
-    ar_outs = [ar(p) for p in prompts]
-    ar_seconds = time.perf_counter() - start
+    ar(prompts[0]), spec(prompts[0])  # warm-up on one prompt: the timed runs below are the whole set, once
+    drafter.seconds = 0.0
+    ar_seconds, ar_outs = timed(lambda: [ar(p) for p in prompts], 1, warmup=0)
     ar_tokens = sum(int(o.lengths.sum()) for o in ar_outs)
-    start = time.perf_counter()
-    outs = [spec(p) for p in prompts]
-    spec_seconds = time.perf_counter() - start
+    spec_seconds, outs = timed(lambda: [spec(p) for p in prompts], 1, warmup=0)
     spec_tokens = sum(int(o.lengths.sum()) for o in outs)
     cycles = [c for o in outs for c in o.stats.verifications]
     tau = sum(c.accepted + 1 for c in cycles) / len(cycles)
     c_t = ar_seconds / ar_tokens  # one decode step (prefills included, as in the speculative run)
-    c_d = timed.seconds / len(cycles)
-    c_v = (spec_seconds - timed.seconds) / len(cycles)
+    c_d = drafter.seconds / len(cycles)
+    c_v = (spec_seconds - drafter.seconds) / len(cycles)
     measured = (spec_tokens / spec_seconds) / (ar_tokens / ar_seconds)
     return {"temperature": temperature, "prompts": len(prompts), "tau": round(tau, 3),
             "ar_tokens_per_s": round(ar_tokens / ar_seconds, 1),

@@ -57,6 +57,11 @@ def weight_decay_groups(params, weight_decay: float) -> list[dict]:
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
+def adamw(params, s: Settings) -> torch.optim.AdamW:
+    """AdamW with betas (0.9, 0.95), as the trainers of pretrained models here use, over `weight_decay_groups`."""
+    return torch.optim.AdamW(weight_decay_groups(params, s.weight_decay), lr=s.lr, betas=(0.9, 0.95))
+
+
 def weights_digest(model: torch.nn.Module) -> str:
     """A short hash of every tensor of `model`: names a model's weights in cache keys and resume checks."""
     h = hashlib.sha256()

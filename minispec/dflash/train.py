@@ -127,7 +127,7 @@ def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor | Replies,
 
 def make_optimizer(drafter: DFlashDraftModel, s: Settings) -> torch.optim.AdamW:
     params = [p for p in drafter.parameters() if p.requires_grad]  # the drafter's own weights only
-    return torch.optim.AdamW(training.weight_decay_groups(params, s.weight_decay), lr=s.lr, betas=(0.9, 0.95))
+    return training.adamw(params, s)
 
 
 def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s: Settings, work_dir: Path,

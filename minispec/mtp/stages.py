@@ -39,6 +39,7 @@ from minispec.mtp.sft import joint_loss
 from minispec.targets import corpus, data
 from minispec.targets.load import CHECKPOINTS
 from minispec.targets.replies import Replies, generate_replies
+from minispec.targets.train import next_token_loss
 
 SFT_FOLDER = CHECKPOINTS / "lightning-mini"  # the stage-1 head lives beside its backbone (mtp.*)
 POST_FOLDER = CHECKPOINTS / "lightning-mini-post"  # the post-trained backbone + its boosted head
@@ -161,16 +162,9 @@ def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
     torch.manual_seed(s.seed)
     model = AutoModelForCausalLM.from_pretrained(SFT_FOLDER, dtype=torch.float32)
     stream = shifted_stream(tokenizer())
-    opt = torch.optim.AdamW(training.weight_decay_groups(model.parameters(), s.weight_decay), lr=s.lr,
-                            betas=(0.9, 0.95))
-
-    def batch_loss(step: int):
-        x = data.random_windows(stream, s.batch, s.seq_len, s.seed, step)
-        loss = model(input_ids=x, labels=x).loss
-        return loss, loss.item()
-
     # a resumed run must post-train the same stage-1 backbone ("origin")
-    history = training.train_loop({"model": model}, opt, s, batch_loss, work_dir / "train_state.pt",
+    history = training.train_loop({"model": model}, training.adamw(model.parameters(), s), s,
+                                  next_token_loss(model, stream, s), work_dir / "train_state.pt",
                                   stop_after=stop_after, desc="stage 2: post-train backbone",
                                   must_match={"origin": training.weights_digest(model)})
     return model, history

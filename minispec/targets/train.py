@@ -41,6 +41,16 @@ SETTINGS = {"bolt-mini": Settings(), "bolt-nano": Settings(steps=500, lr=3e-3),
             "lightning-mini": Settings(steps=360, lr=3e-3, warmup=30, ckpt_every=20)}
 
 
+def next_token_loss(model, stream: torch.Tensor, s: Settings):
+    """batch_loss(step): the next-token cross-entropy of `s.batch` seeded windows of `stream` (1-D token ids)."""
+    def batch_loss(step: int):
+        x = data.random_windows(stream, s.batch, s.seq_len, s.seed, step)
+        loss = model(input_ids=x, labels=x).loss
+        return loss, loss.item()
+
+    return batch_loss
+
+
 @torch.no_grad()
 def evaluate(model, windows: torch.Tensor, batch: int = 8) -> dict[str, float]:
     """Mean next-token loss (nats) and argmax accuracy over `[n, L]` windows."""
@@ -66,15 +76,8 @@ def train(name: str, out: Path, work_dir: Path, s: Settings) -> dict:
     val_windows = data.sequential_windows(data.token_stream("val", tok), s.seq_len, s.eval_windows)
 
     model = AutoModelForCausalLM.from_config(CONFIGS[name]())
-    opt = torch.optim.AdamW(training.weight_decay_groups(model.parameters(), s.weight_decay), lr=s.lr,
-                            betas=(0.9, 0.95))
-
-    def batch_loss(step: int):
-        x = data.random_windows(train_ids, s.batch, s.seq_len, s.seed, step)
-        loss = model(input_ids=x, labels=x).loss
-        return loss, loss.item()
-
-    history = training.train_loop({"model": model}, opt, s, batch_loss, work_dir / "train_state.pt",
+    history = training.train_loop({"model": model}, training.adamw(model.parameters(), s), s,
+                                  next_token_loss(model, train_ids, s), work_dir / "train_state.pt",
                                   desc=f"train {name}")
 
     # Ship what the package loads: bf16 weights. Measure the loss of exactly those weights.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from minispec.quant import nvfp4
-from minispec.viz.plots import PALETTE, _axes, _finish
+from minispec.viz.plots import PALETTE, axes_or_new, finish_axes
 
 
 def e2m1_grid(ax=None):
     """The 15 distinct E2M1 values on a line, with the round-to-nearest-even decision thresholds."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     values = sorted(set(nvfp4.E2M1_VALUES))
     ax.scatter(values, [0] * len(values), s=60, color=PALETTE[0], zorder=3, label="E2M1 values")
     ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
@@ -22,13 +22,13 @@ def e2m1_grid(ax=None):
             ax.annotate(f"{v:g}", (v, 0), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
     ax.set_yticks([])
     ax.set_ylim(-1, 1)
-    return _finish(ax, "E2M1: steps of 0.5 below 2, 1 up to 4, then 2 (4 → 6)", "value", "")
+    return finish_axes(ax, "E2M1: steps of 0.5 below 2, 1 up to 4, then 2 (4 → 6)", "value", "")
 
 
 def two_level_scales(x: torch.Tensor, ax=None):
     """One row of x [K] (K a multiple of 16): |x|, each block's scale s_b·g·6 (the largest value it can
     hold), and the dequantized values — the per-tensor g sets the range, the E4M3 s_b each block's."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     t = nvfp4.quantize(x[None].float())
     x_hat = t.dequantize()[0]
     k = torch.arange(len(x))
@@ -39,7 +39,7 @@ def two_level_scales(x: torch.Tensor, ax=None):
         ax.hlines(r, b * 16 - 0.5, b * 16 + 15.5, color=PALETTE[2], lw=2,
                   label="6 · s_b · g (block range)" if b == 0 else None)
         ax.axvline(b * 16 - 0.5, color="grey", lw=0.5)
-    return _finish(ax, f"two-level scales: g = {t.global_scale.item():.3g} per tensor, one E4M3 s_b per 16",
+    return finish_axes(ax, f"two-level scales: g = {t.global_scale.item():.3g} per tensor, one E4M3 s_b per 16",
                    "element", "magnitude")
 
 
@@ -79,7 +79,7 @@ def four_over_six_errors(n: int = 256, seed: int = 0) -> dict[str, float]:
 
 def four_over_six_block(block: torch.Tensor, ax=None):
     """One block quantized with max → 6 and with max → 4: the values each grid can hit near the max."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     block = block.float().flatten()[None]
     g = nvfp4.global_scale_from_amax(block.abs().max(), four_over_six=True)
     blocks = block.reshape(1, 1, 16)
@@ -90,7 +90,7 @@ def four_over_six_block(block: torch.Tensor, ax=None):
         x_hat = nvfp4.dequantize_blocks(nvfp4.quantize_blocks(blocks, s, g), s, g)[0, 0]
         err = nvfp4.block_squared_error(blocks, s, g).item()
         ax.scatter(k, x_hat, marker="_", s=200, color=color, lw=2, label=f"max → {code:g}: Σ err² = {err:.4f}")
-    return _finish(ax, "four-over-six keeps whichever grid errs less", "element", "value")
+    return finish_axes(ax, "four-over-six keeps whichever grid errs less", "element", "value")
 
 
 def sensitivity_bars(scores: dict[str, dict[str, float]], fmt: str = "w4a16", top: int = 20, ax=None):
@@ -106,12 +106,12 @@ def sensitivity_bars(scores: dict[str, dict[str, float]], fmt: str = "w4a16", to
     ax.barh(names, [s for _, s in ranked], color=colors)
     ax.set_xscale("log")
     ax.tick_params(axis="y", labelsize=7)
-    return _finish(ax, f"AutoQuant score Σ(∂L/∂Y ⊙ ΔY)², {fmt}", "score (log)", "", legend=False)
+    return finish_axes(ax, f"AutoQuant score Σ(∂L/∂Y ⊙ ΔY)², {fmt}", "score (log)", "", legend=False)
 
 
 def qad_curve(history, ax=None, window: int = 10, **baselines):
     """Training KL per step (and its running mean); keyword baselines (e.g. ptq=0.008) as lines."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     h = torch.tensor(history, dtype=torch.float64)
     ax.plot(h, color=PALETTE[5], lw=0.8, label="KL per step")
     if len(h) >= window:
@@ -119,7 +119,7 @@ def qad_curve(history, ax=None, window: int = 10, **baselines):
         ax.plot(torch.arange(window - 1, len(h)), smooth, color=PALETTE[0], lw=2, label=f"mean of {window}")
     for i, (name, value) in enumerate(baselines.items()):
         ax.axhline(value, color=PALETTE[(i + 1) % len(PALETTE)], ls="--", label=name)
-    return _finish(ax, "QAD: KL(teacher ‖ student)", "step", "KL (nats / token)")
+    return finish_axes(ax, "QAD: KL(teacher ‖ student)", "step", "KL (nats / token)")
 
 
 def markdown_table(rows: list[dict]):

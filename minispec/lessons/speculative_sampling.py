@@ -32,7 +32,7 @@ from minispec.speculative import sampling as smp
 from minispec.speculative.speculative import SpecGeneration, speculative_generate
 from minispec.speculative.stats import ACCEPTED, BONUS, CORRECTION, REJECTED
 from minispec.speculative.verify import VerifyResult, acceptance_probability, verify
-from minispec.viz.plots import PALETTE, _finish, distribution_pair
+from minispec.viz.plots import PALETTE, distribution_pair, finish_axes
 from minispec.viz.strip import COLORS, LABELS, token_style
 
 # Outcome names for the toy distributions: the corpus is Python, so its most common words.
@@ -110,7 +110,7 @@ def speedup_curve(draft_costs: Sequence[float] = (0.0, 0.25, 0.5, 1.0), c_target
         top = max(top, s)
     ax.set_xlim(1, max_tau)
     ax.set_ylim(0, top * 1.08)
-    return _finish(ax, f"Speedup = τ·C_t / (C_d + C_v), with C_v = {c_verify:g}·C_t",
+    return finish_axes(ax, f"Speedup = τ·C_t / (C_d + C_v), with C_v = {c_verify:g}·C_t",
                    "τ: tokens emitted per target forward", "speedup over plain decoding")
 
 
@@ -193,8 +193,8 @@ def emitted_histogram(draws: Draws, ax=None, labels=None):
               label="p (target)")
     ax.set_xticks(x, labels if labels is not None else [str(i) for i in x])
     ax.set_ylim(0, max(max(draws.p.tolist()), max(a + r for a, r in zip(acc, res))) * 1.15)
-    return _finish(ax, f"{draws.n:,} draws: accepted {draws.acceptance_rate:.1%}, TV(histogram, p) = {draws.tv:.3f}",
-                   "emitted token", "frequency")
+    title = f"{draws.n:,} draws: accepted {draws.acceptance_rate:.1%}, TV(histogram, p) = {draws.tv:.3f}"
+    return finish_axes(ax, title, "emitted token", "frequency")
 
 
 def _acceptance_figure(draws: Draws, labels=None):

@@ -21,7 +21,7 @@ PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9"]
 FIGSIZE = (6.4, 3.6)
 
 
-def _axes(ax=None):
+def axes_or_new(ax=None):
     """The caller's axes, or those of a new figure. A new figure is closed in pyplot at once: the caller
     still gets it back, and Jupyter's inline backend then does not show it a second time at the end
     of the cell."""
@@ -32,7 +32,8 @@ def _axes(ax=None):
     return ax
 
 
-def _finish(ax, title: str, xlabel: str, ylabel: str, legend: bool = True):
+def finish_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True):
+    """Title, labels, a light grid and the legend: the one look of every minispec figure. Returns the figure."""
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -63,14 +64,14 @@ def tau_histogram(stats_or_hist, ax=None):
     counts = _floats(stats_or_hist)
     emitted = range(len(counts))
     tau = sum(n * c for n, c in zip(emitted, counts)) / sum(counts)
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     # Every verification emits at least the target's own token, so n = 0 is always empty: not drawn.
     bars = ax.bar(emitted[1:], counts[1:], width=0.75, color=PALETTE[0], label="cycles")
     ax.bar_label(bars, fmt="%d", fontsize=8)
     ax.margins(y=0.12)  # room for the counts above the bars
     ax.axvline(tau, color=PALETTE[3], linestyle="--", linewidth=2, label=f"τ = {tau:.2f}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return _finish(ax, f"Tokens per verification (τ = {tau:.2f})",
+    return finish_axes(ax, f"Tokens per verification (τ = {tau:.2f})",
                    "tokens emitted per verification (accepted drafts + 1)", "cycles")
 
 
@@ -85,25 +86,25 @@ def per_position_acceptance(curves, ax=None):
     {"stale head": ..., "boosted": ...}."""
     rates = {name: _rates(c) for name, c in curves.items()} if isinstance(curves, Mapping) else _rates(curves)
     named = _named(rates)
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     for (name, rates), color in zip(named.items(), itertools.cycle(PALETTE)):
         ax.plot(range(1, len(rates) + 1), rates, marker="o", color=color, label=name)
     ax.set_ylim(0, 1.02)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return _finish(ax, "Acceptance by draft position", "draft position k",
+    return finish_axes(ax, "Acceptance by draft position", "draft position k",
                    "acceptance rate (k reached)", legend="" not in named)
 
 
 def acceptance_vs_temperature(temperatures, taus, ax=None):
     """τ against sampling temperature; `taus` is one list of τ or a dict of labelled lists."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     named = _named(taus)
     temperatures = _floats(temperatures)
     for (name, values), color in zip(named.items(), itertools.cycle(PALETTE)):
         ax.plot(temperatures, values, marker="o", color=color, label=name)
     # τ >= 1 always (the target's own token), so the axis starts at 1: the height above it is the gain.
     ax.set_ylim(bottom=1)
-    return _finish(ax, "Acceptance length vs temperature", "temperature",
+    return finish_axes(ax, "Acceptance length vs temperature", "temperature",
                    "τ (tokens per verification)", legend="" not in named)
 
 
@@ -118,13 +119,13 @@ def distribution_pair(p, q, ax=None, labels=None):
         raise ValueError(f"p and q must have the same length, got {len(p)} and {len(q)}")
     overlap = [min(a, b) for a, b in zip(p, q)]
     x = range(len(p))
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     ax.bar([i - 0.2 for i in x], p, width=0.4, color=PALETTE[0], label="p (target)")
     ax.bar([i + 0.2 for i in x], q, width=0.4, color=PALETTE[1], label="q (draft)")
     ax.bar(x, overlap, width=0.8, facecolor="none", edgecolor="0.15", hatch="///", linewidth=0,
            label="min(p, q)")
     ax.set_xticks(list(x), labels if labels is not None else [str(i) for i in x])
-    return _finish(ax, f"Acceptance = Σ min(p, q) = 1 − TV(p, q) = {sum(overlap):.3f}", "outcome",
+    return finish_axes(ax, f"Acceptance = Σ min(p, q) = 1 − TV(p, q) = {sum(overlap):.3f}", "outcome",
                    "probability")
 
 
@@ -190,7 +191,7 @@ class LivePlot:
 
     def _draw(self):
         if self._ax is None:
-            self._ax = _axes()
+            self._ax = axes_or_new()
         ax = self._ax
         ax.clear()
         for (name, points), color in zip(self.data.items(), itertools.cycle(PALETTE)):
@@ -199,4 +200,4 @@ class LivePlot:
                 # The latest value in the legend: the number one watches during training.
                 ax.plot(xs, ys, color=color, marker="o" if len(xs) < 30 else None, markersize=3,
                         label=f"{name}: {ys[-1]:.4g}")
-        return _finish(ax, self.title, self.xlabel, self.ylabel, legend=any(self.data.values()))
+        return finish_axes(ax, self.title, self.xlabel, self.ylabel, legend=any(self.data.values()))

@@ -5,6 +5,7 @@ import torch
 
 import minispec as ms
 from minispec.bench.timing import timed
+from minispec.speculative.stats import SpecStats
 
 
 def bench_ar(args) -> list[dict]:
@@ -44,8 +45,7 @@ def bench_spec(args) -> list[dict]:
                                            generator=torch.Generator().manual_seed(0))
 
         seconds, (outs, n) = timed(lambda: run_all(spec), args.repeats)
-        verifications = [c for o in outs for c in o.stats.verifications]
-        tau = sum(c.accepted + 1 for c in verifications) / len(verifications)
+        tau = SpecStats([c for o in outs for c in o.stats.cycles]).tau
         rows.append({"method": "speculative", "drafter": name, "K": drafter.num_draft_tokens, "tau": round(tau, 3),
                      "tokens_per_s": round(n / seconds, 1), "speedup": round((n / seconds) / (ar_n / ar_s), 3)})
     return rows

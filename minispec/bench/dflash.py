@@ -102,8 +102,8 @@ def side_by_side(target, drafter, prompts, max_new_tokens: int, temperature: flo
     ar_tokens = sum(int(o.lengths.sum()) for o in ar_outs)
     spec_seconds, outs = timed(lambda: [spec(p) for p in prompts], 1, warmup=0)
     spec_tokens = sum(int(o.lengths.sum()) for o in outs)
-    cycles = [c for o in outs for c in o.stats.verifications]
-    tau = sum(c.accepted + 1 for c in cycles) / len(cycles)
+    stats = SpecStats([c for o in outs for c in o.stats.cycles])
+    tau, cycles = stats.tau, stats.verifications
     c_t = ar_seconds / ar_tokens  # one decode step (prefills included, as in the speculative run)
     c_d = drafter.seconds / len(cycles)
     c_v = (spec_seconds - drafter.seconds) / len(cycles)

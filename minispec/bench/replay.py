@@ -6,6 +6,7 @@ import torch
 
 from minispec import costs
 from minispec.bench.timing import print_table, timed
+from minispec.speculative.stats import SpecStats
 
 
 def bytes_rows(ring: int = 16) -> list[dict]:
@@ -52,10 +53,10 @@ def speed_rows(prompts: int, max_new_tokens: int, drafters: list[str], K: int = 
             s, outs = timed(lambda: [ms.speculative_generate(model, drafter, p[None], max_new_tokens) for p in chosen],
                             repeats)
             n = sum(int(o.lengths.sum()) for o in outs)
-            cycles = [c for o in outs for c in o.stats.verifications]
+            stats = SpecStats([c for o in outs for c in o.stats.cycles])
             equal = all(torch.equal(o.tokens, a.tokens) for o, a in zip(outs, ar))
             rows.append({"strategy": strategy, "method": f"speculative K={K}", "drafter": name,
-                         "tau": round(sum(c.accepted + 1 for c in cycles) / len(cycles), 3),
+                         "tau": round(stats.tau, 3),
                          "tokens_per_s": round(n / s, 1), "speedup": round((n / s) / (n_ar / ar_s), 3),
                          "equal_to_ar": equal})
     model.spec_strategy = "replay"

@@ -5,6 +5,7 @@
     state    Mamba2State: the conv window and SSM state of one layer, their checks, transformers' conv layout
     mamba2   Mamba2Mixer, equal to transformers' NemotronH mixer (chunked scan for prefill, recurrence for steps)
     replay   per-position states vs checkpoint + replay behind one store interface (+ Triton verify / flush)
-    hybrid   HybridLM: lightning-mini's own forward and cache; HybridTarget for the speculative loop
-    bench    `python -m minispec.bench replay`
+    hybrid   HybridLM: lightning-mini's own forward and cache; HybridTarget for both decoding loops
+
+Its benchmark is `python -m minispec.bench replay` (minispec/bench/replay.py).
 """

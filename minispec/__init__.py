@@ -17,6 +17,7 @@ from minispec.speculative.autoregressive import Generation, autoregressive_gener
 from minispec.speculative.speculative import SpecGeneration, speculative_generate
 from minispec.targets.evalset import load_evalset
 from minispec.targets.load import load_target
+from minispec.targets.mtbench import load_mtbench
 
-__all__ = ["Generation", "SpecGeneration", "autoregressive_generate", "load_drafter", "load_evalset", "load_target",
-           "speculative_generate"]
+__all__ = ["Generation", "SpecGeneration", "autoregressive_generate", "load_drafter", "load_evalset", "load_mtbench",
+           "load_target", "speculative_generate"]

@@ -69,6 +69,9 @@ class DFlashConfig(PretrainedConfig):
     num_target_layers: int | None = None
     target_hidden_size: int | None = None
     has_own_lm_head: bool = False
+    # Draft over a subset of the target's vocabulary (EAGLE-3 maps its draft head to the 32 k most frequent
+    # of 128 k target tokens): the head has this many rows, the `d2t` buffer says which. None: all of it.
+    draft_vocab_size: int | None = None
     final_logit_softcapping: float | int | None = None
     tie_word_embeddings: bool = False
 
@@ -106,6 +109,10 @@ class DFlashConfig(PretrainedConfig):
             if not isinstance(self.sliding_window, int) or self.sliding_window < self.block_size:
                 raise ValueError(f"sliding layers need sliding_window >= block_size ({self.block_size}), so that a "
                                  f"block sees all of itself; got sliding_window={self.sliding_window!r}")
+        if self.draft_vocab_size is not None and not (isinstance(self.draft_vocab_size, int)
+                                                       and 0 < self.draft_vocab_size <= self.vocab_size):
+            raise ValueError(f"draft_vocab_size must be an integer in [1, vocab_size={self.vocab_size}] or None, got "
+                             f"{self.draft_vocab_size!r}")
         if self.mask_token_id is None:
             raise ValueError("DFlashConfig needs mask_token_id: the token that fills the B-1 draft slots of a block "
                              "(take it from the tokenizer with mask_token_id_of(tokenizer))")
@@ -344,3 +351,21 @@ def bolt_mini_dflash_config(**overrides) -> DFlashConfig:
     )
     fields.update(overrides)
     return DFlashConfig.for_target(target, **fields)
+
+
+def smollm2_dflash_config(**overrides) -> DFlashConfig:
+    """The DFlash drafter for SmolLM2-135M-Instruct (30 Llama layers, hidden 576, 9 q / 3 kv heads of 64).
+
+    * taps: five layers spread over the 30 as z-lab's `build_target_layer_ids` spaces them (from layer 1
+      to layer N - 3): [1, 7, 14, 20, 27];
+    * one layer of the target's own width and heads, full attention like the target; B = 8 (E4B's
+      block size, 7 drafts per cycle);
+    * the head is the target's tied embedding (shared, as z-lab's drafters share it), by default
+      restricted to a draft vocabulary (`draft_vocab_size`) of the most frequent reply tokens;
+    * the mask token is `<empty_output>` (id 16), a special token a chat reply never contains.
+    """
+    fields = dict(target_layer_ids=[1, 7, 14, 20, 27], mask_token_id=16, hidden_size=576, intermediate_size=1536,
+                  num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                  rms_norm_eps=1e-5, rope_theta=100_000.0, max_position_embeddings=8192, block_size=8)
+    fields.update(overrides)
+    return DFlashConfig(vocab_size=49_152, target_hidden_size=576, num_target_layers=30, **fields)

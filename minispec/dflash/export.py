@@ -9,7 +9,9 @@ vLLM loads them (`vllm/model_executor/models/qwen3_dflash.py`):
   `target_layer_ids` (DFlash semantics: the OUTPUT of layer i; vLLM adds 1 itself), `block_size`,
   `use_swa` / `swa_window_size` and `causal: false` (vLLM would otherwise run sliding layers causally).
 * weights: the drafter's own tensors only, named without a `model.` prefix; `lm_head.weight` only
-  when the drafter owns its head (vLLM then uses it, else it shares the target's).
+  when the drafter owns its head (vLLM then uses it, else it shares the target's); `d2t` when it
+  drafts over a reduced vocabulary (EAGLE-3's layout: draft id i is target id i + d2t[i]), with
+  `draft_vocab_size` in the config.
 
 Reading goes through `minispec.dflash.config.read_hf_config`, the one resolver of that format.
 minispec's own `save_pretrained` folder (model_type "minispec_dflash") keeps the same weight names;
@@ -84,6 +86,7 @@ def hf_dflash_config(config: DFlashConfig, dtype: torch.dtype = torch.float32) -
         "use_sliding_window": window is not None,
         "max_window_layers": 0,  # Qwen3Config: layers from this index on may slide; layer_types decides
         "has_own_lm_head": config.has_own_lm_head,
+        "draft_vocab_size": config.draft_vocab_size,
         "final_logit_softcapping": config.final_logit_softcapping,
         "dtype": str(dtype).removeprefix("torch."),
         "torch_dtype": str(dtype).removeprefix("torch."),  # the name transformers 4.x (and older vLLM) read
@@ -95,16 +98,19 @@ def export_hf_dflash(model: DFlashDraftModel, folder, dtype: torch.dtype | None 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     dtype = model.dtype if dtype is None else dtype
-    tensors = {name: t.detach().to(dtype).contiguous().cpu() for name, t in model.state_dict().items()}
+    tensors = {name: (t if name == "d2t" else t.detach().to(dtype)).contiguous().cpu()  # d2t stays integer
+               for name, t in model.state_dict().items()}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(hf_dflash_config(model.config, dtype), indent=2) + "\n")
     return folder
 
 
-def config_from_hf_dflash(cfg: dict, has_lm_head: bool, target_config=None) -> DFlashConfig:
+def config_from_hf_dflash(cfg: dict, has_lm_head: bool, target_config=None,
+                          draft_vocab_size: int | None = None) -> DFlashConfig:
     """A `DFlashConfig` from an HF-native `config.json` (parsed), resolved as vLLM resolves it (`read_hf_config`).
 
-    has_lm_head: whether the weights hold `lm_head.weight`. target_config fills what the file may
+    has_lm_head: whether the weights hold `lm_head.weight`; draft_vocab_size: the length of their `d2t`, if
+    any (it must agree with the config's). target_config fills what the file may
     lack (num_target_layers, final_logit_softcapping) and is checked against what it states.
     """
     if ARCHITECTURE not in (cfg.get("architectures") or []):
@@ -128,6 +134,10 @@ def config_from_hf_dflash(cfg: dict, has_lm_head: bool, target_config=None) -> D
         if "final_logit_softcapping" not in cfg:
             softcap = getattr(target_config, "final_logit_softcapping", None)
     rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+    stated = cfg.get("draft_vocab_size")
+    if stated is not None and stated != draft_vocab_size and not (draft_vocab_size is None and stated == hf.vocab_size):
+        raise ValueError(f"the config's draft_vocab_size is {stated} but the weights' d2t maps "
+                         f"{draft_vocab_size or 'no'} draft tokens")
     return DFlashConfig(
         vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
         num_hidden_layers=hf.num_hidden_layers, num_attention_heads=hf.num_attention_heads,
@@ -137,7 +147,7 @@ def config_from_hf_dflash(cfg: dict, has_lm_head: bool, target_config=None) -> D
         layer_types=list(hf.layer_types), sliding_window=hf.sliding_window,
         block_size=hf.block_size, mask_token_id=hf.mask_token_id, target_layer_ids=list(hf.target_layer_ids),
         num_target_layers=num_target_layers, target_hidden_size=hf.target_hidden_size,
-        has_own_lm_head=has_lm_head, final_logit_softcapping=softcap,
+        has_own_lm_head=has_lm_head, final_logit_softcapping=softcap, draft_vocab_size=draft_vocab_size,
     )
 
 
@@ -150,12 +160,12 @@ def load_hf_dflash(folder, target=None) -> DFlashDraftModel:
     if "embed_tokens.weight" in tensors:
         raise ValueError("this drafter stores its own embed_tokens.weight; minispec's DFlash drafter always uses the "
                          "target's embedding")
-    if "d2t" in tensors or "t2d" in tensors:
-        raise ValueError("this drafter uses a reduced draft vocabulary (d2t); minispec's drafter drafts over the "
-                         "target's whole vocabulary")
+    tensors.pop("t2d", None)  # EAGLE-3's boolean mask over the target vocabulary: d2t already says it all
+    d2t = tensors.get("d2t")
     config = config_from_hf_dflash(cfg, has_lm_head="lm_head.weight" in tensors,
-                                   target_config=None if target is None else target.config)
-    dtype = next(iter(tensors.values())).dtype
+                                   target_config=None if target is None else target.config,
+                                   draft_vocab_size=None if d2t is None else len(d2t))
+    dtype = next(t for name, t in tensors.items() if name != "d2t").dtype
     model = DFlashDraftModel(config).to(dtype)
     fc = tensors.get("fc.weight")
     if fc is not None and fc.shape != model.fc.weight.shape:
@@ -166,7 +176,7 @@ def load_hf_dflash(folder, target=None) -> DFlashDraftModel:
     unexpected = sorted(set(tensors) - set(model.state_dict()))
     if missing or unexpected:
         raise ValueError(f"weights do not match the config: missing {missing}, unexpected {unexpected}")
-    model.load_state_dict(tensors)
+    model.load_state_dict({name: t.long() if name == "d2t" else t for name, t in tensors.items()})
     if target is not None:
         model.attach_target(target)
     return model.eval()

@@ -10,7 +10,8 @@
                                                     context before the anchor and the whole block
         x       = x + mlp(norm(x))
     logits = softcap(head(norm(x)))               the target's head (or an own copy), with the
-                                                  target's final-logit softcapping
+                                                  target's final-logit softcapping; with a reduced
+                                                  draft vocabulary, only its rows (`d2t`)
 
 Two ways to run the same weights:
 
@@ -218,8 +219,11 @@ class DFlashDraftModel(PreTrainedModel):
         self.hidden_norm = RMSNorm(H, config.rms_norm_eps)
         self.layers = nn.ModuleList([DFlashLayer(config) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(H, config.rms_norm_eps)
+        if config.draft_vocab_size is not None:
+            # EAGLE-3's layout: draft id i stands for target id i + d2t[i] (ascending target ids).
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         if config.has_own_lm_head:
-            self.lm_head = nn.Linear(H, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(H, config.draft_vocab_size or config.vocab_size, bias=False)
         self._target = None  # (embedding module, head module) of the attached target; not saved
         self.post_init()
 
@@ -231,7 +235,8 @@ class DFlashDraftModel(PreTrainedModel):
         as a copy of the target's head (E4B's layout), any other own head at random."""
         model = cls(config).to(dtype=target.dtype)
         model.attach_target(target)
-        if config.has_own_lm_head and model.lm_head.weight.shape == target.get_output_embeddings().weight.shape:
+        if (config.has_own_lm_head and config.draft_vocab_size is None
+                and model.lm_head.weight.shape == target.get_output_embeddings().weight.shape):
             with torch.no_grad():
                 model.lm_head.weight.copy_(target.get_output_embeddings().weight)
         return model
@@ -271,9 +276,53 @@ class DFlashDraftModel(PreTrainedModel):
         multiplies by sqrt(hidden): a drafter that looked the rows up itself would miss it)."""
         return self._parts()[0](ids).to(self.dtype)
 
+    # --- the draft vocabulary ----------------------------------------------------------------------
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Draft over these target token ids only (e.g. the most frequent ones in the training replies)."""
+        ids = torch.as_tensor(target_ids, dtype=torch.long).unique()  # sorted ascending, as EAGLE-3 stores them
+        if self.config.draft_vocab_size is None or len(ids) != self.config.draft_vocab_size:
+            raise ValueError(f"this drafter's draft_vocab_size is {self.config.draft_vocab_size}; got {len(ids)} "
+                             "distinct token ids")
+        if ids[0] < 0 or ids[-1] >= self.config.vocab_size:
+            raise ValueError(f"draft vocabulary ids must lie in [0, {self.config.vocab_size})")
+        self.d2t.copy_(ids - torch.arange(len(ids)))
+
+    def draft_vocab(self) -> torch.Tensor | None:
+        """[Vd] the target id of each draft id, or None when the drafter drafts over the whole vocabulary."""
+        if self.config.draft_vocab_size is None:
+            return None
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids (argmax positions of `output_logits`) -> target token ids."""
+        vocab = self.draft_vocab()
+        return draft_ids if vocab is None else vocab.to(draft_ids.device)[draft_ids]
+
+    def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids -> draft ids, -1 for a token outside the draft vocabulary."""
+        vocab = self.draft_vocab()
+        if vocab is None:
+            return target_ids
+        lookup = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=target_ids.device)
+        lookup[vocab.to(target_ids.device)] = torch.arange(len(vocab), device=target_ids.device)
+        return lookup[target_ids]
+
+    def to_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """[..., Vd] probabilities over the draft vocabulary -> [..., V] over the target's (0 elsewhere)."""
+        vocab = self.draft_vocab()
+        if vocab is None:
+            return probs
+        out = probs.new_zeros(*probs.shape[:-1], self.config.vocab_size)
+        return out.index_copy_(-1, vocab.to(probs.device), probs)
+
     def output_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Normed hidden [..., H] -> logits [..., V]: the head, then the target's softcapping."""
+        """Normed hidden [..., H] -> logits [..., Vd] over the draft vocabulary (the target's whole vocabulary
+        unless `draft_vocab_size` is set): the head, then the target's softcapping."""
         weight = self.lm_head.weight if self.config.has_own_lm_head else self._parts()[1].weight
+        vocab = self.draft_vocab()
+        if vocab is not None and not self.config.has_own_lm_head:
+            weight = weight.index_select(0, vocab.to(weight.device))
         logits = F.linear(x, weight.to(x.dtype))
         cap = self.config.final_logit_softcapping
         return logits if cap is None else cap * torch.tanh(logits / cap)
@@ -325,7 +374,7 @@ class DFlashDraftModel(PreTrainedModel):
         cache.seen = cache.seen + count
 
     def draft(self, block_ids: torch.Tensor, cache: DFlashCache) -> torch.Tensor:
-        """One non-causal forward over a block: block_ids [B, T] (anchor, then masks) -> logits [B, T, V].
+        """One non-causal forward over a block: block_ids [B, T] (anchor, then masks) -> logits [B, T, Vd].
 
         The block sits at positions seen .. seen + T - 1 of each row. Its K/V are used and dropped: the
         cache is not changed, so it keeps holding committed context only.
@@ -348,7 +397,7 @@ class DFlashDraftModel(PreTrainedModel):
 
         block_ids, positions: [B, Q] (Q = N blocks x T, block after block); features: [B, S, n * Ht]
         (context position c = row c); allow[layer type]: [B, Q, S + Q] over keys [context ; blocks].
-        -> logits [B, Q, V].
+        -> logits [B, Q, Vd].
         """
         ctx = self.context(features)
         ctx_positions = torch.arange(ctx.shape[1], device=self.device).expand(ctx.shape[0], -1)
@@ -370,7 +419,7 @@ class DFlashDraftModel(PreTrainedModel):
 
     def forward(self, features: torch.Tensor, blocks: dmask.Blocks) -> torch.Tensor:
         """Training mode: features [B, S, n * Ht] of a whole sequence, `blocks` from `mask.make_blocks`
-        -> logits [B, N, T, V]; block position k is trained to predict x[anchor + k]."""
+        -> logits [B, N, T, Vd]; block position k is trained to predict x[anchor + k]."""
         B, N, T = blocks.input_ids.shape
         if T != self.config.block_size:
             raise ValueError(f"blocks have {T} positions but the drafter's block_size is {self.config.block_size}")

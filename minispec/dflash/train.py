@@ -10,6 +10,17 @@ not published its own):
     loss     = (1 - distill) * weighted CE(x[a + k]) + distill * weighted soft CE against the target's
                distribution for token a + k (read at position a + k - 1); the anchor has no loss
 
+Two choices that buy CPU time on a real target (SmolLM2-135M), each measured in docs/benchmarks.md:
+
+* `cache_features`: the target is frozen and its replies are fixed, so its tapped hidden states are the
+  same every epoch. Run it ONCE over the replies and keep F (bf16, on disk in the user cache); a step
+  then costs only the drafter. Distillation needs the target's logits, which are too big to keep
+  (49 k floats per token), so a cached run trains on hard labels (the replies are the target's own).
+* `draft_vocab`: draft over the most frequent target tokens of the replies only (EAGLE-3 maps its head
+  to the 32 k most frequent of 128 k target tokens). The borrowed head is the drafter's largest matmul
+  (49,152 x 576 on SmolLM2); a label outside the draft vocabulary carries no loss, and such a token is
+  never drafted.
+
 Only the drafter's own weights train: the target (whose embedding, and head unless the drafter has its
 own, the drafter borrows) is frozen and never handed to the optimizer. The loop is
 `minispec.training.train_loop`: seeded, resumable from `train_state.pt` in the work dir.
@@ -17,22 +28,26 @@ own, the drafter borrows) is frozen and never handed to the optimizer. The loop 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from minispec import training
 from minispec.dflash import mask as dmask
-from minispec.dflash.config import bolt_mini_dflash_config
+from minispec.dflash.config import bolt_mini_dflash_config, smollm2_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
+from minispec.speculative.autoregressive import special_ids
 from minispec.targets import corpus, data
 from minispec.targets.load import CHECKPOINTS, load_target
-from minispec.targets.replies import Replies, generate_replies
+from minispec.targets.replies import Replies, generate_replies, instruction_replies
+from minispec.training import weights_digest
 
 
 @dataclass
@@ -51,11 +66,19 @@ class Settings(training.Settings):
     gamma: float = 4.0  # loss decay exp(-(k-1)/gamma); 4 for B = 8
     distill: float = 0.5  # weight of the soft-label loss against the target (0: hard labels only)
     eval_replies: int = 32  # greedy replies to val-split prompts
+    cache_features: bool = False  # run the target once over the replies and train from its stored taps
+    draft_vocab: int = 0  # draft over this many most frequent reply tokens; 0: the target's whole vocabulary
 
 
 # Per-target defaults; any field can be overridden on the command line.
-SETTINGS = {"bolt-mini": Settings()}
-CONFIGS = {"bolt-mini": bolt_mini_dflash_config}
+SETTINGS = {
+    "bolt-mini": Settings(),
+    # Replies to instruction prompts (stdlib requests and the target's own self-instruct, never MT-Bench).
+    "smollm2-135m": Settings(steps=1500, batch=8, lr=1e-3, warmup=50, greedy_replies=384, sampled_replies=192,
+                             reply_len=192, num_anchors=32, distill=0.0, eval_replies=32, cache_features=True,
+                             draft_vocab=8192, ckpt_every=100),
+}
+CONFIGS = {"bolt-mini": bolt_mini_dflash_config, "smollm2-135m": smollm2_dflash_config}
 
 
 def freeze(target) -> None:
@@ -64,13 +87,62 @@ def freeze(target) -> None:
     target.requires_grad_(False)
 
 
-def batch_at(dataset: torch.Tensor | Replies, s: Settings, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step `step`'s batch (x [Bs, S], loss_mask [Bs, S]): rows of `Replies` (loss on reply tokens only),
-    or windows of a token stream (loss everywhere). Seeded by (seed, step), so resuming is exact."""
+@dataclass
+class TapFeatures:
+    """A target's replies with its tapped hidden states, computed once (`tap_features`)."""
+    replies: Replies
+    features: torch.Tensor  # [n, S, n_taps * Ht] bf16: F at every position of every row
+    lengths: torch.Tensor  # [n] real tokens of each row (prompt and reply), the rest is padding
+
+    def __len__(self) -> int:
+        return len(self.replies)
+
+
+def batch_at(dataset: torch.Tensor | Replies | TapFeatures, s: Settings, step: int):
+    """Step `step`'s batch (x [Bs, S], loss_mask [Bs, S], features [Bs, S, F] or None): rows of `Replies`
+    (loss on reply tokens only; with their stored features, cut to the batch's longest row), or windows
+    of a token stream (loss everywhere). Seeded by (seed, step), so resuming is exact."""
+    if isinstance(dataset, TapFeatures):
+        g = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
+        rows = torch.randint(0, len(dataset), (s.batch,), generator=g)
+        S = int(dataset.lengths[rows].max())
+        return (dataset.replies.input_ids[rows, :S], dataset.replies.loss_mask[rows, :S],
+                dataset.features[rows, :S])
     if isinstance(dataset, Replies):
-        return dataset.batch(s.batch, s.seed, step)
+        return (*dataset.batch(s.batch, s.seed, step), None)
     x = data.random_windows(dataset, s.batch, s.seq_len, s.seed, step)
-    return x, torch.ones_like(x)
+    return x, torch.ones_like(x), None
+
+
+@torch.no_grad()
+def tap_features(target, drafter: DFlashDraftModel, replies: Replies, batch_size: int = 8,
+                 cache: bool = True) -> TapFeatures:
+    """Run the frozen target once over every row of `replies` and keep the drafter's taps, cached on disk
+    by the target's weights, the replies and the tap ids."""
+    lengths = replies.loss_mask.cumsum(1).argmax(1) + 1  # rows are prompt, reply, padding: cut after the reply
+    ids = hashlib.sha256(replies.input_ids.numpy().tobytes() + replies.loss_mask.numpy().tobytes()).hexdigest()
+    key = f"{weights_digest(target)}-{ids[:16]}-{'_'.join(map(str, drafter.config.target_layer_ids))}"
+    path = data.cache_dir() / "features" / f"{key}.pt"
+    if cache and path.exists():
+        return TapFeatures(replies, torch.load(path), lengths)
+    n, S = replies.input_ids.shape
+    features = torch.zeros(n, S, drafter.config.num_taps * drafter.config.target_hidden_size, dtype=torch.bfloat16)
+    for i in tqdm(range(0, n, batch_size), desc="target taps"):
+        L = int(lengths[i: i + batch_size].max())
+        out = target(input_ids=replies.input_ids[i: i + batch_size, :L], output_hidden_states=True)
+        features[i: i + batch_size, :L] = drafter.tap(out.hidden_states).to(torch.bfloat16)
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(features, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+    return TapFeatures(replies, features, lengths)
+
+
+def frequent_tokens(replies: Replies, num: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """The `num` most frequent reply tokens (ties to the lower id), always including `always` (e.g. EOS)."""
+    counts = torch.bincount(replies.input_ids[replies.loss_mask.bool()], minlength=int(replies.input_ids.max()) + 1)
+    counts[list(always)] = counts.max() + 1
+    return counts.argsort(descending=True, stable=True)[:num].sort().values
 
 
 def sample_blocks(x: torch.Tensor, loss_mask: torch.Tensor, drafter: DFlashDraftModel, s: Settings,
@@ -96,17 +168,28 @@ def teacher_logits(target_logits: torch.Tensor, blocks: dmask.Blocks) -> torch.T
     return target_logits.gather(1, index[..., None].expand(-1, -1, V)).view(*blocks.positions.shape, V)
 
 
-def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, loss_mask: torch.Tensor, s: Settings, step: int):
-    """(loss, weighted accuracy) of one batch x [Bs, S] whose tokens with loss_mask = 1 carry loss."""
-    with torch.no_grad():
-        out = target(input_ids=x, output_hidden_states=True)
+def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, loss_mask: torch.Tensor, s: Settings, step: int,
+              features: torch.Tensor | None = None):
+    """(loss, weighted accuracy) of one batch x [Bs, S] whose tokens with loss_mask = 1 carry loss; the
+    target runs here unless the batch brings its stored tap `features` [Bs, S, F]."""
+    out = None
+    if features is None:
+        with torch.no_grad():
+            out = target(input_ids=x, output_hidden_states=True)
+        features = drafter.tap(out.hidden_states)
     blocks = sample_blocks(x, loss_mask, drafter, s, step)
-    logits = drafter(drafter.tap(out.hidden_states), blocks)  # [Bs, N, T, V]
-    loss = dmask.dflash_loss(logits, blocks.labels, blocks.weights) if s.distill < 1 else 0.0
+    logits = drafter(features, blocks)  # [Bs, N, T, Vd]
+    labels = drafter.to_draft_ids(blocks.labels)
+    weights = blocks.weights * (labels >= 0)  # a token outside the draft vocabulary cannot be drafted
+    labels = labels.clamp(min=0)
+    loss = dmask.dflash_loss(logits, labels, weights) if s.distill < 1 else 0.0
     if s.distill > 0:
-        soft = soft_loss(logits, teacher_logits(out.logits, blocks), blocks.weights)
+        if out is None or drafter.config.draft_vocab_size is not None:
+            raise ValueError("distill > 0 needs the target's logits over the whole vocabulary: it cannot be combined "
+                             "with cache_features or draft_vocab")
+        soft = soft_loss(logits, teacher_logits(out.logits, blocks), weights)
         loss = (1 - s.distill) * loss + s.distill * soft
-    return loss, dmask.weighted_accuracy(logits.detach(), blocks.labels, blocks.weights)
+    return loss, dmask.weighted_accuracy(logits.detach(), labels, weights)
 
 
 @torch.no_grad()
@@ -119,7 +202,7 @@ def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor | Replies,
     losses, accs = [], []
     for i in range(0, len(windows), s.batch):
         x, loss_mask = windows.input_ids[i: i + s.batch], windows.loss_mask[i: i + s.batch]
-        loss, acc = step_loss(drafter, target, x, loss_mask, s, step=-1)
+        loss, acc = step_loss(drafter, target, x, loss_mask, s, step=-1)  # the target runs: eval rows are few
         losses.append(float(loss))
         accs.append(acc)
     return {"loss": sum(losses) / len(losses), "accuracy": sum(accs) / len(accs)}
@@ -130,10 +213,10 @@ def make_optimizer(drafter: DFlashDraftModel, s: Settings) -> torch.optim.AdamW:
     return training.adamw(params, s)
 
 
-def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s: Settings, work_dir: Path,
+def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies | TapFeatures, s: Settings, work_dir: Path,
           stop_after: int | None = None, desc: str = "train dflash", on_step=None) -> list[dict]:
     """Train `drafter` (attached to `target`) in place on `dataset`: the target's `Replies` (loss on the
-    reply tokens), or windows of a token stream [n].
+    reply tokens), the same with their stored taps (`TapFeatures`), or windows of a token stream [n].
 
     Resumes from `work_dir/train_state.pt`. `stop_after` ends the run early (after that step count,
     with a checkpoint), as an interruption would. `on_step(step, record)` is called after every step
@@ -143,19 +226,31 @@ def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies, s:
     drafter.attach_target(target)
 
     def batch_loss(step: int):
-        x, loss_mask = batch_at(dataset, s, step)
-        loss, acc = step_loss(drafter, target, x, loss_mask, s, step)
+        x, loss_mask, features = batch_at(dataset, s, step)
+        loss, acc = step_loss(drafter, target, x, loss_mask, s, step, features)
         return loss, {"loss": loss.item(), "accuracy": acc}
 
     return training.train_loop({"model": drafter}, make_optimizer(drafter, s), s, batch_loss,
                                Path(work_dir) / "train_state.pt", stop_after=stop_after, on_step=on_step, desc=desc)
 
 
-def training_replies(target, tokenizer, s: Settings) -> Replies:
-    """The target's greedy and sampled (T = 1) replies to train-split prompts, cached on disk."""
-    parts = [generate_replies(target, tokenizer, n, s.prompt_len, s.reply_len, temperature, seed=s.seed + i)
+def training_replies(target, tokenizer, s: Settings, split: str = "train") -> Replies:
+    """The target's greedy and sampled (T = 1) replies, cached on disk: to windows of the `split` corpus for a
+    plain LM, to instruction prompts (`minispec.targets.instructions`, stdlib `split`) for a chat model."""
+    def replies(n: int, temperature: float, seed: int) -> Replies:
+        if tokenizer.chat_template is not None:
+            return instruction_replies(target, tokenizer, n, s.reply_len, temperature, seed=seed, split=split)
+        return generate_replies(target, tokenizer, n, s.prompt_len, s.reply_len, temperature, split=split, seed=seed)
+
+    parts = [replies(n, temperature, s.seed + i)
              for i, (n, temperature) in enumerate([(s.greedy_replies, 0.0), (s.sampled_replies, 1.0)]) if n]
     return Replies(torch.cat([p.input_ids for p in parts]), torch.cat([p.loss_mask for p in parts]))
+
+
+def parse_bool(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() in ("true", "1")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--work-dir", type=Path, help="where resumable train state lives")
     p.add_argument("--init-from", type=Path, help="start from this saved drafter's weights (a second stage)")
     for field, default in asdict(Settings()).items():
-        p.add_argument("--" + field.replace("_", "-"), type=type(default), help=f"default: per target ({default})")
+        p.add_argument("--" + field.replace("_", "-"), type=parse_bool if isinstance(default, bool) else type(default),
+                       help=f"default: per target ({default})")
     a = p.parse_args(argv)
     overrides = {k: getattr(a, k) for k in asdict(Settings()) if getattr(a, k) is not None}
     s = Settings(**(asdict(SETTINGS[a.target]) | overrides))
@@ -173,15 +269,24 @@ def main(argv: list[str] | None = None) -> None:
     work_dir = a.work_dir or data.cache_dir() / "train" / f"{a.target}-dflash"
 
     target, tok = load_target(a.target)
+    freeze(target)
     torch.manual_seed(s.seed)
-    drafter = DFlashDraftModel.for_target(CONFIGS[a.target](), target)
+    drafter = DFlashDraftModel.for_target(CONFIGS[a.target](draft_vocab_size=s.draft_vocab or None), target)
+    replies = training_replies(target, tok, s)
+    coverage = 1.0
+    if s.draft_vocab:
+        eos = special_ids(target)[1]
+        drafter.set_draft_vocab(frequent_tokens(replies, s.draft_vocab, always=() if eos is None else (eos,)))
+        reply_tokens = replies.input_ids[replies.loss_mask.bool()]
+        coverage = float((drafter.to_draft_ids(reply_tokens) >= 0).float().mean())
     previous = None
     if a.init_from is not None:
         start = DFlashDraftModel.from_pretrained(a.init_from)
         drafter.load_state_dict({k: v.to(drafter.dtype) for k, v in start.state_dict().items()})
         previous = json.loads((a.init_from / "training.json").read_text())
-    history = train(drafter, target, training_replies(target, tok, s), s, work_dir)
-    val = generate_replies(target, tok, s.eval_replies, s.prompt_len, s.reply_len, 0.0, split="val", seed=s.seed)
+    dataset = tap_features(target, drafter, replies) if s.cache_features else replies
+    history = train(drafter, target, dataset, s, work_dir)
+    val = training_replies(target, tok, replace(s, greedy_replies=s.eval_replies, sampled_replies=0), split="val")
     metrics = evaluate(drafter, target, val, s)
     out.mkdir(parents=True, exist_ok=True)
     drafter.to(torch.bfloat16).save_pretrained(out)  # bf16 on disk, like every shipped checkpoint
@@ -191,6 +296,9 @@ def main(argv: list[str] | None = None) -> None:
         "target": a.target,
         "settings": asdict(s),
         "train_data_sha256": corpus.data_hash(corpus.iter_files("train")),
+        "train_replies_sha256": hashlib.sha256(replies.input_ids.numpy().tobytes()).hexdigest(),
+        "train_reply_tokens": int(replies.loss_mask.sum()),
+        "draft_vocab_coverage": coverage,  # share of the training reply tokens the draft vocabulary holds
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "parameters": num_parameters(drafter),
@@ -198,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         "final_train_accuracy_avg100": sum(h["accuracy"] for h in recent) / len(recent),
         "val_loss": metrics["loss"],
         "val_weighted_accuracy": metrics["accuracy"],
-        "val_data": f"{len(val)} greedy replies of {s.reply_len} tokens to {s.prompt_len}-token val-split prompts",
+        "val_data": f"{len(val)} greedy replies of up to {s.reply_len} tokens to val-split prompts",
         "loss_history_every_10": [h["loss"] for h in history[::10]],
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "previous_stage": previous,  # the run this one started from (--init-from), or None

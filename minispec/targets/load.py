@@ -1,7 +1,9 @@
 """Load a target model the way a hub model loads: `from_pretrained` on a local folder.
 
 The shipped targets live inside the package (`minispec/checkpoints/<name>/`), so nothing is
-downloaded at run time; any other local Hugging Face causal-LM folder loads the same way.
+downloaded at run time; "smollm2-135m" (SmolLM2-135M-Instruct) comes from a pip-installed package and
+is converted once into the user cache (`minispec.targets.smollm2`); any other local Hugging Face
+causal-LM folder loads the same way.
 """
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minispec.targets import smollm2
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 TARGETS = {
@@ -39,12 +43,15 @@ def resolve(name_or_path: str | Path, known: dict[str, str] = TARGETS, kind: str
 
 
 def load_target(name_or_path: str | Path, dtype: torch.dtype = torch.float32):
-    """`(model, tokenizer)` for a shipped target name (e.g. "bolt-mini") or a local HF folder.
+    """`(model, tokenizer)` for a shipped target name (e.g. "bolt-mini"), "smollm2-135m", or a local HF folder.
 
     Weights are stored in bfloat16 and computed in `dtype` (float32 by default: exact comparisons
     between decoding strategies are easiest to reason about in float32 on CPU).
     """
-    folder = resolve(name_or_path)
+    if str(name_or_path) == smollm2.NAME:
+        folder = smollm2.converted_folder()
+    else:
+        folder = resolve(name_or_path, also=[smollm2.NAME])
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -46,24 +46,28 @@ def replies_dir() -> Path:
 
 
 @torch.no_grad()
-def replies_to(model, prompts: torch.Tensor, reply_len: int, temperature: float = 0.0, seed: int = 0,
-               batch_size: int = 64) -> Replies:
-    """prompts [n, P] -> `Replies`: each prompt and the model's reply of up to `reply_len` tokens, drawn
-    batch by batch from one generator seeded by `seed` (a batch whose rows all end early draws no more)."""
+def replies_to(model, prompts: torch.Tensor | list[torch.Tensor], reply_len: int, temperature: float = 0.0,
+               seed: int = 0, batch_size: int = 64) -> Replies:
+    """prompts [n, P] (or n prompts [P_i] of different lengths) -> `Replies`: each prompt and the model's
+    reply of up to `reply_len` tokens, drawn batch by batch from one generator seeded by `seed` (a batch
+    whose rows all end early draws no more). Rows are right-padded to max(P_i) + reply_len."""
     if reply_len < 1:
         raise ValueError(f"reply_len must be >= 1, got {reply_len}")
     generator = torch.Generator().manual_seed(seed)
     model.eval()
-    ids, masks = [], []
+    pad = special_ids(model)[0]
+    width = max(len(p) for p in prompts) + reply_len
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    masks = torch.zeros((len(prompts), width), dtype=torch.long)
     for start in tqdm(range(0, len(prompts), batch_size), desc=f"replies T={temperature}"):
         chunk = prompts[start: start + batch_size]
         out = autoregressive_generate(model, chunk, reply_len, temperature=temperature, generator=generator)
-        reply = torch.full((len(chunk), reply_len), special_ids(model)[0], dtype=torch.long)
-        reply[:, : out.tokens.shape[1]] = out.tokens
-        real = torch.arange(reply_len)[None, :] < out.lengths[:, None]
-        ids.append(torch.cat([chunk, reply], dim=1))
-        masks.append(torch.cat([torch.zeros_like(chunk), real.long()], dim=1))
-    return Replies(torch.cat(ids), torch.cat(masks))
+        for i, (prompt, reply, n) in enumerate(zip(chunk, out.tokens, out.lengths.tolist())):
+            P = len(prompt)
+            ids[start + i, :P] = prompt
+            ids[start + i, P: P + n] = reply[:n]
+            masks[start + i, P: P + n] = 1
+    return Replies(ids, masks)
 
 
 def generate_replies(model, tokenizer, num: int, prompt_len: int, reply_len: int, temperature: float = 0.0,
@@ -81,6 +85,26 @@ def generate_replies(model, tokenizer, num: int, prompt_len: int, reply_len: int
     if cache and path.exists():
         return Replies(**torch.load(path))
     prompts = data.random_windows(data.token_stream(split, tokenizer), num, prompt_len, seed, step=prompt_step)
+    replies = replies_to(model, prompts, reply_len, temperature, seed, batch_size)
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"input_ids": replies.input_ids, "loss_mask": replies.loss_mask}, path)
+    return replies
+
+
+def instruction_replies(model, tokenizer, num: int, reply_len: int, temperature: float = 0.0, seed: int = 0,
+                        split: str = "train", batch_size: int = 32, cache: bool = True) -> Replies:
+    """A chat target's replies to `num` instruction prompts (`minispec.targets.instructions.training_prompts`:
+    requests about the stdlib `split` and the target's own self-instruct tasks, never MT-Bench), cached like
+    `generate_replies`. Prompts are generated in order of length, so a batch carries little padding."""
+    from minispec.targets.instructions import training_prompts
+
+    if num < 1 or reply_len < 1:
+        raise ValueError(f"num and reply_len must be >= 1, got {num}, {reply_len}")
+    path = replies_dir() / f"{weights_digest(model)}-instructions-{split}-{num}-{reply_len}-{temperature}-{seed}.pt"
+    if cache and path.exists():
+        return Replies(**torch.load(path))
+    prompts = sorted(training_prompts(model, tokenizer, num, seed, split), key=len)
     replies = replies_to(model, prompts, reply_len, temperature, seed, batch_size)
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)

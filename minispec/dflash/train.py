@@ -130,7 +130,9 @@ def tap_features(target, drafter: DFlashDraftModel, replies: Replies, batch_size
     for i in tqdm(range(0, n, batch_size), desc="target taps"):
         L = int(lengths[i: i + batch_size].max())
         out = target(input_ids=replies.input_ids[i: i + batch_size, :L], output_hidden_states=True)
-        features[i: i + batch_size, :L] = drafter.tap(out.hidden_states).to(torch.bfloat16)
+        real = torch.arange(L)[None, :, None] < lengths[i: i + batch_size, None, None]
+        # Zero past each row's end, so that a row's features do not depend on the rows batched with it.
+        features[i: i + batch_size, :L] = (drafter.tap(out.hidden_states) * real).to(torch.bfloat16)
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(features, path.with_suffix(".tmp"))

@@ -55,8 +55,6 @@ def load_gguf(path: Path | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = gguf_path() if path is None else path
-    if importlib.util.find_spec("gguf") is None:
-        raise ModuleNotFoundError("reading a GGUF file needs the `gguf` package: run `pip install gguf`")
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return model.eval(), tokenizer
@@ -79,7 +77,6 @@ def converted_folder() -> Path:
     gguf_model, tokenizer = load_gguf(path)
     config = gguf_model.config.to_dict()
     config.pop("quantization_config", None)
-    config["_name_or_path"] = NAME
     model = LlamaForCausalLM(LlamaConfig(**config))
     model.load_state_dict(gguf_model.state_dict())
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +85,8 @@ def converted_folder() -> Path:
         tmp.chmod(0o755)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        for file in tmp.iterdir():
+            file.chmod(0o644)  # readable like any other cache entry, whatever the writer's umask
         os.replace(tmp, folder)
     except OSError:
         if not (folder / "config.json").exists():  # not another process that finished first

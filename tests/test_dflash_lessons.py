@@ -1,18 +1,19 @@
-"""Notebook 02's library pieces: the bench's measurements, the counter-example drafter, the figures."""
+"""Notebook 02's library pieces: the bench's measurements, one verify step per drafting rule, the figures."""
 import matplotlib
 import pytest
 import torch
 
 import minispec as ms
 from minispec import costs
-from minispec.bench.dflash import TimedDrafter, acceptance, side_by_side
+from minispec.bench.dflash import acceptance, argmax_ceiling, side_by_side
 from minispec.dflash import mask as dmask
 from minispec.dflash.config import DFlashConfig
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.dflash.model import DFlashDraftModel
 from minispec.drafters import NGramDrafter
 from minispec.lessons import dflash as lessons
-from tiny import assert_same_as_ar, tiny_gemma
+from minispec.speculative import sampling as smp
+from tiny import tiny_gemma
 
 matplotlib.use("Agg")
 
@@ -38,36 +39,20 @@ def prompts(n=3, seed=0):
 
 def test_acceptance_merges_every_batch(target):
     ps = prompts(5)
-    merged = acceptance(target, NGramDrafter(4096), ps, 12, temperature=0.0, batch_size=2)
-    whole = ms.speculative_generate(target, NGramDrafter(4096), ps, 12).stats
-    assert len(merged.verifications) == len(whole.verifications)
-    assert merged.tau == pytest.approx(whole.tau)
+    merged, continuations = acceptance(target, NGramDrafter(4096), ps, 12, temperature=0.0, batch_size=2)
+    whole = ms.speculative_generate(target, NGramDrafter(4096), ps, 12)
+    assert len(merged.verifications) == len(whole.stats.verifications)
+    assert merged.tau == pytest.approx(whole.stats.tau)
+    assert [c.tolist() for c in continuations] == [row[:n].tolist() for row, n in zip(whole.tokens, whole.lengths)]
 
 
-def test_timed_drafter_counts_drafter_time_and_changes_nothing(target, model):
-    timed = TimedDrafter(DFlashDrafter(model, target))
-    assert timed.num_draft_tokens == 7 and timed.needs_hidden_states  # attributes pass through
-    assert_same_as_ar(target, timed, prompts(2), 10)
-    assert timed.seconds > 0
-    row = side_by_side(target, DFlashDrafter(model, target), prompts(2, seed=1), 8, temperature=0.0)
+def test_side_by_side_predicts_from_isolated_costs(target, model):
+    row = side_by_side(target, DFlashDrafter(model, target), prompts(2, seed=1), 8, temperature=0.0, repeats=1)
     assert row["C_t_ms"] > 0 and row["C_d_ms"] > 0 and row["C_v_ms"] > 0
     assert row["tau"] >= 1 and row["identical_to_ar"] is True
     assert row["predicted_speedup"] == pytest.approx(
         costs.speedup(row["tau"], row["C_t_ms"], row["C_d_ms"], row["C_v_ms"]), rel=0.02)
-
-
-def test_marginal_sampling_drafts_come_with_their_q(target, model):
-    d = lessons.MarginalSamplingDrafter(model, target)
-    assert_same_as_ar(target, d, prompts(2), 10)  # T = 0: argmax, like the real drafter
-    g = torch.Generator().manual_seed(0)
-    out = ms.speculative_generate(target, d, prompts(2), 10, temperature=1.0, generator=g)
-    assert out.lengths.tolist() == [10, 10]
-    from minispec.drafters.base import Sampling
-    d.propose(torch.tensor([5, 6]), 4, Sampling(1.0, None, None), torch.Generator().manual_seed(1))
-    prop = d.propose(torch.tensor([5, 6]), 4, Sampling(1.0, None, None), torch.Generator().manual_seed(2))
-    assert prop.q.shape == (2, 4, 4096)
-    assert torch.allclose(prop.q.sum(-1), torch.ones(2, 4), atol=1e-5)
-    assert (prop.q.gather(-1, prop.tokens[..., None]) > 0).all()
+    assert row["overhead_ms"] == pytest.approx(row["cycle_ms"] - row["C_d_ms"] - row["C_v_ms"], abs=0.02)
 
 
 def test_tap_map_outlines_exactly_the_taps():
@@ -92,11 +77,31 @@ def test_param_budget_shares():
 
 
 def test_argmax_ceiling(target):
-    from minispec.bench.dflash import argmax_ceiling
     ps = prompts(2)
-    assert argmax_ceiling(target, ps, 6, temperature=0.0, K=5, starts=2) == pytest.approx(6.0)
+    continuations = [ms.autoregressive_generate(target, p, 6).tokens[0] for p in ps]
+    assert argmax_ceiling(target, ps, continuations, temperature=0.0, K=5, starts=2) == 6.0
     # A random tiny model is nearly uniform over 4,096 tokens: at T = 1 nothing gets accepted.
-    assert 1.0 <= argmax_ceiling(target, ps, 6, temperature=1.0, K=5, starts=2) < 1.05
+    assert 1.0 <= argmax_ceiling(target, ps, continuations, temperature=1.0, K=5, starts=2, batch_size=3) < 1.05
+
+
+def test_argmax_ceiling_is_the_greedy_continuations_acceptance(target):
+    """Batched over ragged contexts, it equals 1 + sum_k prod_{j<=k} p_T(d_j) computed one context at a time."""
+    ps = prompts(2, seed=3)
+    continuations = [ms.autoregressive_generate(target, p, 8, temperature=1.0,
+                                                generator=torch.Generator().manual_seed(0)).tokens[0] for p in ps]
+    hot = 0.05  # a low temperature: the tiny model's distribution is peaked enough to accept something
+    expected = []
+    for p, c in zip(ps, continuations):
+        text = torch.cat([p, c])
+        for start in torch.linspace(len(p), len(text) - 1, 3).long().tolist():
+            drafts = ms.autoregressive_generate(target, text[:start], 4).tokens[0]
+            with torch.no_grad():
+                logits = target(torch.cat([text[:start], drafts])[None]).logits[0, start - 1: start + 3]
+            accept = smp.sampling_probs(logits, hot).gather(-1, drafts[:, None])[:, 0]
+            expected.append(1 + float(accept.cumprod(0).sum()))
+    got = argmax_ceiling(target, ps, continuations, temperature=hot, K=4, starts=3, batch_size=4)
+    assert got == pytest.approx(sum(expected) / len(expected), rel=1e-4)
+    assert got > 1.05
 
 
 def test_every_rule_is_exact_and_accepts_as_predicted():

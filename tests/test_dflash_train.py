@@ -135,7 +135,8 @@ def test_tap_features_are_the_live_taps_of_each_row(target):
     for i in range(len(replies)):
         L = int(stored.lengths[i])
         with torch.no_grad():
-            live = drafter.tap(target(input_ids=replies.input_ids[i: i + 1, :L], output_hidden_states=True).hidden_states)
+            out = target(input_ids=replies.input_ids[i: i + 1, :L], output_hidden_states=True)
+        live = drafter.tap(out.hidden_states)
         torch.testing.assert_close(stored.features[i, :L].float(), live[0].to(torch.bfloat16).float())
         assert not stored.features[i, L:].any()  # padding past the row's end stays zero
 

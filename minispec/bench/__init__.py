@@ -1,48 +1,71 @@
 """Benchmarks: `python -m minispec.bench NAME [--json out.json]`.
 
-Each benchmark runs its baseline and its subject side by side in one process, prints a table and
-writes the same rows as JSON with a description of the machine. One module per subject, all timed by
-`minispec.bench.timing.timed`. Tests never assert wall-clock times; the numbers recorded in
-docs/benchmarks.md come from here.
+Each benchmark runs its baseline and its subject side by side in one process, prints its rows as
+tables (one per run of rows with the same columns) and writes them as JSON with a description of the
+machine. One module per subject, all timed by `minispec.bench.timing.timed`. Tests never assert
+wall-clock times; the numbers recorded in docs/benchmarks.md come from here.
 """
 from __future__ import annotations
 
 import argparse
 import json
+from itertools import groupby
 from pathlib import Path
 
+import torch
+
 from minispec.bench.decoding import bench_ar, bench_spec
-from minispec.bench.dflash import bench_dflash
+from minispec.bench.dflash import DFLASH_DRAFTERS, bench_dflash
 from minispec.bench.kl import bench_kl
 from minispec.bench.mtp import bench_mtp
 from minispec.bench.nvfp4 import bench_nvfp4
 from minispec.bench.replay import bench_replay
 from minispec.bench.timing import machine, print_table
+from minispec.dflash.drafter import POLICIES
 
 BENCHES = {"ar": bench_ar, "spec": bench_spec, "kl": bench_kl, "dflash": bench_dflash, "replay": bench_replay,
            "mtp": bench_mtp, "nvfp4": bench_nvfp4}
+# Options whose default depends on the benchmark; anything not listed defaults to DEFAULTS.
+DEFAULTS = {"max_new_tokens": 64, "temperatures": [0.0, 1.0], "threads": None}
+BENCH_DEFAULTS = {"dflash": {"max_new_tokens": 128, "temperatures": [0.0, 0.5, 1.0], "threads": 2}}
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minispec.bench")
     p.add_argument("name", choices=sorted(BENCHES))
-    p.add_argument("--model", default="bolt-mini")
+    p.add_argument("--target", default="bolt-mini",
+                   help="ar, spec, dflash: the target, a shipped name, smollm2-135m or a local folder")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, help="default 64; dflash: 128")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--prompts", type=int, default=8, help="spec: how many eval prompts (batch 1 each)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's own; dflash: 2)")
+    p.add_argument("--prompts", type=int, default=8,
+                   help="spec, dflash, mtp, replay: how many benchmark prompts are timed (batch 1 each)")
     p.add_argument("--drafters", nargs="+", default=["ngram", "bolt-nano"], help="spec: drafters to compare")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--drafter", default="bolt-mini-dflash", help="dflash: the drafter to measure")
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="dflash: temperatures")
-    p.add_argument("--eval-prompts", type=int, help="dflash: eval prompts for acceptance (default: all 241)")
+    p.add_argument("--drafter", help="dflash: the DFlash drafter (default: the target's shipped one, "
+                                     f"{DFLASH_DRAFTERS})")
+    p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
+                   help="dflash: the drafting policies to measure")
+    p.add_argument("--temperatures", type=float, nargs="+",
+                   help="dflash, mtp: temperatures of the acceptance runs (default 0 1; dflash: 0 0.5 1)")
+    p.add_argument("--timing-temperatures", type=float, nargs="+", default=[0.0],
+                   help="dflash: temperatures of the batch-1 wall-clock runs (Hugging Face's rows: T = 0 only)")
+    p.add_argument("--eval-prompts", type=int,
+                   help="dflash: prompts for acceptance (default: all, 241 eval prompts or MT-Bench's 80)")
+    p.add_argument("--eval-batch", type=int, default=16, help="dflash: batch size of the acceptance runs")
     p.add_argument("--json", type=Path, help="where to write the rows (default bench-results/NAME.json)")
     args = p.parse_args(argv)
+    for key, value in {**DEFAULTS, **BENCH_DEFAULTS.get(args.name, {})}.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     rows = BENCHES[args.name](args)
-    print_table(rows)
+    for _, table in groupby(rows, key=lambda row: tuple(row)):  # consecutive rows with the same columns
+        print_table(list(table))
     out = args.json or Path("bench-results") / f"{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"bench": args.name, "machine": machine(),
                                "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
     print(f"wrote {out}")
-

@@ -1,138 +1,315 @@
-"""DFlash against autoregressive decoding: acceptance on the frozen eval set, wall clock side by side,
-and the cost model's prediction from the measured parts (`python -m minispec.bench dflash`).
+"""DFlash against plain decoding and the other drafters, in one process (`python -m minispec.bench dflash`).
 
-The speedup formula of "Nemotron 3.5 Bolt E4B: block-parallel speculation with DFlash"
-(`minispec.costs.speedup`): speedup = tau * C_t / (C_d + C_v), with C_t one plain
-decode step, C_d the drafter's cost per cycle (one block forward + committing context) and C_v the
-verify forward plus the loop's own overhead per cycle. Here each is measured in the same run that
-measures the speedup, so a missed target can be attributed to tau, to C_d or to C_v.
+    python -m minispec.bench dflash                                    bolt-mini on its stdlib eval set
+    python -m minispec.bench dflash --target smollm2-135m --prompts 4  SmolLM2-135M-Instruct on MT-Bench
+
+1. Acceptance: tau and the per-position acceptance, per temperature and drafting policy ("argmax" and
+   "sample", `minispec.dflash.drafter`; at T = 0 both draft the argmax, so one row), in batches, on the
+   target's benchmark prompts (`decoding.bench_prompts`: MT-Bench's 80 first turns for a chat model, the
+   frozen stdlib eval set for bolt-mini); beside them the argmax ceiling, the best tau any ARGMAX drafter
+   could reach there. Sampled drafts are not bound by it.
+2. Wall clock at batch 1 on the first `--prompts` of those prompts, one after the other, every method in
+   the same process on the same prompts with the same max_new_tokens: plain decoding, minispec's n-gram
+   drafter and DFlash, and Hugging Face's own `generate`: greedy, prompt-lookup decoding
+   (`prompt_lookup_num_tokens=K`) and assisted decoding with the target's draft LM where it has one
+   (bolt-mini: bolt-nano; smollm2-135m has none). Every drafter drafts the DFlash drafter's K tokens.
+   At T = 0 every output is compared with minispec's plain decoding: identical when its first n tokens are
+   the n tokens plain decoding emitted (an EOS included); Hugging Face's `generate` may stop or pad
+   differently after them. Hugging Face's rows are run at T = 0 only.
+3. The cost model checked: speedup = tau * C_t / (C_d + C_v) with C_t, C_d and C_v timed in isolation
+   (`decoding.isolated_costs`), never derived from the run it predicts: predicted and measured speedup side
+   by side, with the measured wall time per target forward and what the isolated parts leave of it (the
+   loop's overhead, prefills included).
+
+Speedups are against the same library's plain decoding: minispec's methods against
+`ms.autoregressive_generate`, Hugging Face's against its greedy `generate`. tau is tokens per target forward:
+for minispec accepted drafts + 1 per verification (`SpecStats.tau`), for Hugging Face new tokens per target
+forward (its first forward prefills and verifies at once).
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 import minispec as ms
-from minispec import costs
+from minispec.bench.decoding import (
+    CycleCosts,
+    bench_prompts,
+    isolated_costs,
+    plain_decoding_costs,
+    representative_context,
+)
 from minispec.bench.timing import timed
+from minispec.drafters.base import Sampling
 from minispec.speculative import sampling as smp
+from minispec.speculative.autoregressive import special_ids
+from minispec.speculative.batch import as_prompt_batch
 from minispec.speculative.stats import SpecStats
+from minispec.speculative.target import target_adapter
+
+DFLASH_DRAFTERS = {"bolt-mini": "bolt-mini-dflash", "smollm2-135m": "smollm2-135m-dflash"}
+DRAFT_LMS = {"bolt-mini": "bolt-nano"}  # the draft model of Hugging Face's assisted decoding, per target
+COST_COLUMNS = ("C_t_ms", "C_d_ms", "C_v_ms", "predicted_speedup", "cycle_ms", "overhead_ms")
 
 
-class TimedDrafter:
-    """A drafter wrapper that adds up the wall time spent inside the drafter (begin, propose, commit)."""
-
-    def __init__(self, drafter):
-        self.drafter = drafter
-        self.seconds = 0.0
-
-    def __getattr__(self, name):
-        return getattr(self.drafter, name)
-
-    def _timed(self, method, *args):
-        start = time.perf_counter()
-        out = method(*args)
-        self.seconds += time.perf_counter() - start
-        return out
-
-    def begin(self, *args):
-        return self._timed(self.drafter.begin, *args)
-
-    def propose(self, *args):
-        return self._timed(self.drafter.propose, *args)
-
-    def commit(self, *args):
-        return self._timed(self.drafter.commit, *args)
-
+# --- acceptance ----------------------------------------------------------------------------------------------
 
 def acceptance(target, drafter, prompts, max_new_tokens: int, temperature: float, batch_size: int = 16,
-               seed: int = 0) -> SpecStats:
-    """Speculative decoding over `prompts` in batches; the merged statistics of every cycle."""
-    stats = SpecStats()
+               seed: int = 0, progress=None) -> tuple[SpecStats, list[torch.Tensor]]:
+    """Speculative decoding over `prompts` in batches: the merged statistics of every cycle, and each
+    prompt's new tokens [n_i] (distributed as the target's own generation at `temperature`)."""
+    stats, continuations = SpecStats(), []
     generator = torch.Generator().manual_seed(seed)
     for i in range(0, len(prompts), batch_size):
         out = ms.speculative_generate(target, drafter, prompts[i: i + batch_size], max_new_tokens,
                                       temperature=temperature, generator=generator)
         stats.cycles.extend(out.stats.cycles)
-    return stats
+        continuations += [row[:n] for row, n in zip(out.tokens, out.lengths.tolist())]
+        if progress is not None:
+            progress(f"{len(continuations)}/{len(prompts)} prompts, tau so far {stats.tau:.2f}")
+    return stats, continuations
 
 
 @torch.no_grad()
-def argmax_ceiling(target, prompts, max_new_tokens: int, temperature: float, K: int = 7, starts: int = 4,
-                   seed: int = 0) -> float:
+def argmax_ceiling(target, prompts, continuations, temperature: float, K: int = 7, starts: int = 4,
+                   batch_size: int = 16) -> float:
     """The best tau any argmax drafter can reach here: it drafts the target's own greedy continuation.
 
-    Along the target's own generation at `temperature`, from `starts` positions per prompt: the perfect
-    argmax drafter proposes d_1 .. d_K = the target's greedy continuation, and one-hot rejection accepts
-    d_k with probability p_T(d_k | context, d_<k), so E[tau] = 1 + sum_k prod_{j<=k} p_T(d_j). At T = 0
-    this is K + 1; at T > 0 it is bounded by how peaked the target's distribution is, whatever the drafter.
+    Along the target's own generations at `temperature` (`continuations` of `prompts`), from `starts`
+    positions per prompt: the perfect argmax drafter proposes d_1 .. d_K = the target's greedy
+    continuation, and one-hot rejection accepts d_k with probability p_T(d_k | context, d_<k), so
+    E[tau] = 1 + sum_k prod_{j<=k} p_T(d_j). At T = 0 this is K + 1; at T > 0 it is bounded by how peaked
+    the target's distribution is, whatever the argmax drafter. It bounds argmax drafts only: a sampled
+    draft is accepted with 1 - TV(p_T, q), which a drafter whose q is close to p_T can bring near 1.
     """
-    generator = torch.Generator().manual_seed(seed)
+    if temperature == 0:
+        return K + 1.0  # p_0 is one-hot at the greedy token, which is exactly what is drafted
+    contexts = []
+    for prompt, continuation in zip(prompts, continuations):
+        text = torch.cat([torch.as_tensor(prompt), continuation])
+        contexts += [text[:start] for start in torch.linspace(len(prompt), len(text) - 1, starts).long().tolist()]
     taus = []
-    for prompt in prompts:
-        prompt = torch.as_tensor(prompt)
-        out = ms.autoregressive_generate(target, prompt, max_new_tokens, temperature=temperature,
-                                         generator=generator)
-        text = torch.cat([prompt, out.tokens[0, : int(out.lengths[0])]])
-        for start in torch.linspace(len(prompt), len(text) - 1, starts).long().tolist():
-            context = text[:start]
-            drafts = ms.autoregressive_generate(target, context, K).tokens[0]
-            logits = target(input_ids=torch.cat([context, drafts])[None]).logits[0, start - 1: start - 1 + len(drafts)]
-            p = smp.sampling_probs(logits.float(), temperature).gather(-1, drafts[:, None]).squeeze(-1)
-            taus.append(1.0 + float(p.cumprod(0).sum()))
+    for i in range(0, len(contexts), batch_size):
+        tgt = target_adapter(target)
+        logits = tgt.prefill(as_prompt_batch(contexts[i: i + batch_size], special_ids(target)[0])).logits[:, -1]
+        accept = []
+        for k in range(K):
+            d = smp.greedy(logits)
+            accept.append(smp.sampling_probs(logits.float(), temperature).gather(-1, d[:, None])[:, 0])
+            if k < K - 1:
+                logits = tgt.extend(d[:, None]).logits[:, -1]
+        taus += (1 + torch.stack(accept, dim=1).cumprod(dim=1).sum(dim=1)).tolist()
     return sum(taus) / len(taus)
 
 
-def side_by_side(target, drafter, prompts, max_new_tokens: int, temperature: float, seed: int = 0) -> dict:
-    """Batch 1, prompt after prompt: AR, then speculative with the timed drafter; one row of numbers."""
-    def ar(p):
-        return ms.autoregressive_generate(target, p, max_new_tokens, temperature=temperature,
-                                          generator=torch.Generator().manual_seed(seed))
+def acceptance_rows(target, drafter_name: str, drafters: dict, prompts, max_new_tokens: int, temperatures,
+                    batch_size: int, progress) -> list[dict]:
+    """Per temperature and policy, tau and per-position acceptance over `prompts`, and the argmax ceiling on
+    up to 32 of them."""
+    rows = []
+    every = -(-len(prompts) // 32)
+    for temperature in temperatures:
+        # At T = 0 every policy drafts the argmax: one run stands for both.
+        runs = {"both": next(iter(drafters.values()))} if temperature == 0 else drafters
+        ceiling = None
+        for policy, drafter in runs.items():
+            stats, continuations = acceptance(target, drafter, prompts, max_new_tokens, temperature, batch_size,
+                                              progress=lambda m: progress(f"acceptance T = {temperature}, "
+                                                                          f"{policy}: {m}"))
+            if ceiling is None:
+                progress(f"argmax ceiling T = {temperature}")
+                ceiling = argmax_ceiling(target, prompts[::every], continuations[::every], temperature,
+                                         K=drafter.num_draft_tokens)
+            row = {"drafter": drafter_name, "policy": policy, "T": temperature, "prompts": len(prompts),
+                   "max_new_tokens": max_new_tokens, "tau": round(stats.tau, 3),
+                   "argmax_ceiling_tau": round(ceiling, 3)}
+            row.update({f"acc_{k + 1}": round(float(a), 3) for k, a in enumerate(stats.per_position)})
+            rows.append(row)
+    return rows
 
-    drafter = TimedDrafter(drafter)
 
-    def spec(p):
-        return ms.speculative_generate(target, drafter, p, max_new_tokens, temperature=temperature,
-                                       generator=torch.Generator().manual_seed(seed))
+# --- wall clock and the cost model --------------------------------------------------------------------------
 
-    ar(prompts[0]), spec(prompts[0])  # warm-up on one prompt: the timed runs below are the whole set, once
-    drafter.seconds = 0.0
-    ar_seconds, ar_outs = timed(lambda: [ar(p) for p in prompts], 1, warmup=0)
-    ar_tokens = sum(int(o.lengths.sum()) for o in ar_outs)
-    spec_seconds, outs = timed(lambda: [spec(p) for p in prompts], 1, warmup=0)
-    spec_tokens = sum(int(o.lengths.sum()) for o in outs)
+@dataclass
+class Run:
+    """One method over the timing prompts at batch 1."""
+    seconds: float  # wall time of the whole set, once, after a warm-up on its first prompt
+    outputs: list[torch.Tensor]  # per prompt, the new tokens [n_i]
+    forwards: int  # target forwards, prefills included
+    tau: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(len(o) for o in self.outputs) / self.seconds
+
+
+def timed_set(generate, prompts) -> tuple[float, list]:
+    """(seconds, outputs) of `generate` on every prompt in turn: one warm-up on the first prompt, then the
+    whole set timed once (a long run needs no repeats to average out the clock)."""
+    generate(prompts[0])
+    return timed(lambda: [generate(p) for p in prompts], 1, warmup=0)
+
+
+def run_minispec(target, drafter, prompts, max_new_tokens: int, temperature: float, seed: int = 0) -> Run:
+    """minispec's speculative decoding with `drafter`, or plain decoding when `drafter` is None."""
+    def generate(prompt):
+        generator = torch.Generator().manual_seed(seed)
+        if drafter is None:
+            return ms.autoregressive_generate(target, prompt, max_new_tokens, temperature=temperature,
+                                              generator=generator)
+        return ms.speculative_generate(target, drafter, prompt, max_new_tokens, temperature=temperature,
+                                       generator=generator)
+
+    seconds, outs = timed_set(generate, prompts)
+    outputs = [o.tokens[0, : int(o.lengths[0])] for o in outs]
+    if drafter is None:
+        return Run(seconds, outputs, sum(len(o) for o in outputs), 1.0)  # one forward per token, prefill included
     stats = SpecStats([c for o in outs for c in o.stats.cycles])
-    tau, cycles = stats.tau, stats.verifications
-    c_t = ar_seconds / ar_tokens  # one decode step (prefills included, as in the speculative run)
-    c_d = drafter.seconds / len(cycles)
-    c_v = (spec_seconds - drafter.seconds) / len(cycles)
-    measured = (spec_tokens / spec_seconds) / (ar_tokens / ar_seconds)
-    return {"temperature": temperature, "prompts": len(prompts), "tau": round(tau, 3),
-            "ar_tokens_per_s": round(ar_tokens / ar_seconds, 1),
-            "spec_tokens_per_s": round(spec_tokens / spec_seconds, 1), "speedup": round(measured, 3),
-            "C_t_ms": round(1000 * c_t, 2), "C_d_ms": round(1000 * c_d, 2), "C_v_ms": round(1000 * c_v, 2),
-            "predicted_speedup": round(costs.speedup(tau, c_t, c_d, c_v), 3),
-            # At T = 0 the outputs must be the same tokens; at T > 0 they are equal in distribution only.
-            "identical_to_ar": all(torch.equal(a.tokens, o.tokens) for a, o in zip(ar_outs, outs))
-            if temperature == 0 else None}
+    return Run(seconds, outputs, len(stats.verifications) + len(prompts), stats.tau)
+
+
+def run_hf(target, prompts, max_new_tokens: int, **generate_kwargs) -> Run:
+    """Hugging Face's greedy `model.generate`, its target forwards counted by a forward hook."""
+    forwards = []
+
+    def generate(prompt):
+        before, ids = len(forwards), prompt[None]
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=max_new_tokens, **generate_kwargs)
+        return out[0, len(prompt):], len(forwards) - before
+
+    hook = target.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        seconds, outs = timed_set(generate, prompts)
+    finally:
+        hook.remove()
+    n_forwards = sum(n for _, n in outs)
+    outputs = [o for o, _ in outs]
+    return Run(seconds, outputs, n_forwards, sum(len(o) for o in outputs) / n_forwards)
+
+
+def hf_prompt_lookup_cost(target, context: torch.Tensor, K: int, max_new_tokens: int, repeats: int) -> float:
+    """C_d of Hugging Face's prompt lookup: one `PromptLookupCandidateGenerator.get_candidates` call on
+    `context` [L], built as greedy `generate` builds it, best of `repeats`."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    eos = special_ids(target)[1]
+    lookup = PromptLookupCandidateGenerator(eos_token_id=None if eos is None else torch.tensor([eos]),
+                                            num_output_tokens=K, max_length=len(context) + max_new_tokens,
+                                            logits_processor=LogitsProcessorList(),
+                                            vocab_size=target.config.vocab_size)
+    return timed(lambda: lookup.get_candidates(context[None]), repeats)[0]
+
+
+def identical(outputs, reference) -> bool:
+    """Each output's first n tokens are the reference's n tokens (n = the reference's length, EOS included)."""
+    return all(len(o) >= len(r) and torch.equal(o[: len(r)], r) for o, r in zip(outputs, reference))
+
+
+def timing_row(method: str, run: Run, baseline: Run, baseline_name: str, parts: CycleCosts | None,
+               temperature: float, K: int, ar: Run) -> dict:
+    """The method's tau and tokens/s, its speedup over `baseline`, the cost columns (`parts`; "-" for a method
+    whose drafting is not timed alone) and, at T = 0, whether it reproduced plain decoding's outputs `ar`."""
+    row = {"method": method, "T": temperature, "K": K, "prompts": len(run.outputs), "tau": round(run.tau, 3),
+           "tokens_per_s": round(run.tokens_per_s, 1), "speedup": round(run.tokens_per_s / baseline.tokens_per_s, 3),
+           "speedup_vs": baseline_name}
+    row.update(parts.columns(run.tau, run.seconds / run.forwards) if parts is not None
+               else dict.fromkeys(COST_COLUMNS, "-"))
+    # At T = 0 the outputs must be the same tokens; at T > 0 they are equal in distribution only.
+    row["identical_to_ar"] = identical(run.outputs, ar.outputs) if temperature == 0 else "-"
+    return row
+
+
+def side_by_side(target, drafter, prompts, max_new_tokens: int, temperature: float, seed: int = 0,
+                 repeats: int = 5) -> dict:
+    """Batch 1, prompt after prompt: plain decoding, then speculative decoding with `drafter`; one row: tau,
+    both tokens/s, the measured speedup beside the prediction from isolated C_t, C_d and C_v, and the loop's
+    overhead."""
+    ar = run_minispec(target, None, prompts, max_new_tokens, temperature, seed)
+    spec = run_minispec(target, drafter, prompts, max_new_tokens, temperature, seed)
+    parts = isolated_costs(target, drafter, representative_context(prompts[0], ar.outputs[0]),
+                           Sampling(temperature), repeats, seed)
+    return {"ar_tokens_per_s": round(ar.tokens_per_s, 1),
+            **timing_row("speculative", spec, ar, "autoregressive", parts, temperature, drafter.num_draft_tokens,
+                         ar)}
+
+
+def timing_rows(target, drafters: dict, prompts, max_new_tokens: int, temperature: float, draft_lm=None,
+                repeats: int = 5, progress=print) -> list[dict]:
+    """Every method at batch 1 on the same prompts (see the module docstring). `drafters`: minispec drafters by
+    method name, "ngram" among them; `draft_lm`: the causal LM for Hugging Face's assisted decoding, or None."""
+    K = drafters["ngram"].num_draft_tokens
+    progress(f"timing T = {temperature}: autoregressive")
+    ar = run_minispec(target, None, prompts, max_new_tokens, temperature)
+    context = representative_context(prompts[0], ar.outputs[0])
+    plain = plain_decoding_costs(target, context, repeats)
+    rows = [timing_row("autoregressive", ar, ar, "autoregressive", plain, temperature, 0, ar)]
+    parts = {}
+    for method, drafter in drafters.items():
+        progress(f"timing T = {temperature}: {method}")
+        run = run_minispec(target, drafter, prompts, max_new_tokens, temperature)
+        parts[method] = isolated_costs(target, drafter, context, Sampling(temperature), repeats, c_t=plain.c_t)
+        rows.append(timing_row(method, run, ar, "autoregressive", parts[method], temperature, K, ar))
+    if temperature != 0:
+        return rows
+    progress(f"timing T = {temperature}: HF generate, greedy")
+    greedy = run_hf(target, prompts, max_new_tokens)
+    rows.append(timing_row("HF generate greedy", greedy, greedy, "HF greedy", plain, 0.0, 0, ar))
+    progress(f"timing T = {temperature}: HF prompt lookup")
+    lookup = run_hf(target, prompts, max_new_tokens, prompt_lookup_num_tokens=K)
+    # The verify forward is the target's over K + 1 tokens, as timed for minispec's n-gram drafter: an upper
+    # bound, since Hugging Face verifies only the candidates it found (none when nothing matches).
+    lookup_parts = CycleCosts(plain.c_t, hf_prompt_lookup_cost(target, context, K, max_new_tokens, repeats),
+                              parts["ngram"].c_v)
+    rows.append(timing_row("HF prompt lookup", lookup, greedy, "HF greedy", lookup_parts, 0.0, K, ar))
+    if draft_lm is not None:
+        progress(f"timing T = {temperature}: HF assisted decoding")
+        draft_lm.generation_config.num_assistant_tokens = K
+        draft_lm.generation_config.num_assistant_tokens_schedule = "constant"
+        assisted = run_hf(target, prompts, max_new_tokens, assistant_model=draft_lm)
+        # Its drafting runs inside `generate`; it is not timed alone, so there is no prediction for it.
+        rows.append(timing_row("HF assisted decoding", assisted, greedy, "HF greedy", None, 0.0, K, ar))
+    return rows
+
+
+def default_drafter(target_name) -> str:
+    if str(target_name) not in DFLASH_DRAFTERS:
+        raise ValueError(f"no shipped DFlash drafter for target {str(target_name)!r} (known: "
+                         f"{sorted(DFLASH_DRAFTERS)}): pass --drafter with a DFlash drafter folder")
+    return DFLASH_DRAFTERS[str(target_name)]
 
 
 def bench_dflash(args) -> list[dict]:
-    """Rows per temperature: tau and per-position acceptance on the eval set, then batch-1 wall clock."""
-    model, _ = ms.load_target(args.model)
-    drafter = ms.load_drafter(args.drafter, model)
-    prompts = ms.load_evalset().prompts
+    """Acceptance rows per temperature and policy, then timing rows per method (see the module docstring)."""
+    start = time.perf_counter()
+
+    def progress(message: str) -> None:
+        print(f"[{time.perf_counter() - start:7.1f} s] {message}", flush=True)
+
+    model, tokenizer = ms.load_target(args.target)
+    drafter_name = args.drafter or default_drafter(args.target)
+    drafters = {policy: ms.load_drafter(drafter_name, model, policy=policy) for policy in args.policies}
+    prompts = bench_prompts(tokenizer)
     chosen = prompts if args.eval_prompts is None else prompts[: args.eval_prompts]
-    rows = []
-    for temperature in args.temperatures:
-        stats = acceptance(model, drafter, chosen, args.max_new_tokens, temperature)
-        ceiling = argmax_ceiling(model, chosen[:: max(1, len(chosen) // 32)], args.max_new_tokens, temperature,
-                                 K=drafter.num_draft_tokens)
-        row = {"drafter": args.drafter, "eval_prompts": len(chosen), "temperature": temperature,
-               "eval_tau": round(stats.tau, 3), "argmax_ceiling_tau": round(ceiling, 3)}
-        row.update({f"acc_{k + 1}": round(float(a), 3) for k, a in enumerate(stats.per_position)})
-        timing = side_by_side(model, drafter, prompts[: args.prompts], args.max_new_tokens, temperature)
-        row.update({k: v for k, v in timing.items() if k != "temperature"})
-        rows.append(row)
+    rows = [{"target": str(args.target), **row}
+            for row in acceptance_rows(model, str(drafter_name), drafters, chosen, args.max_new_tokens,
+                                       args.temperatures, args.eval_batch, progress)]
+
+    K = next(iter(drafters.values())).num_draft_tokens
+    draft_lm = ms.load_target(DRAFT_LMS[str(args.target)])[0] if str(args.target) in DRAFT_LMS else None
+    if draft_lm is None:
+        progress(f"{args.target} has no draft LM that shares its tokenizer: Hugging Face's assisted decoding is "
+                 "not measured")
+    for temperature in args.timing_temperatures:
+        methods = {"ngram": ms.load_drafter("ngram", model, num_draft_tokens=K)}
+        if temperature == 0:
+            methods["DFlash"] = next(iter(drafters.values()))  # every policy drafts the argmax at T = 0
+        else:
+            methods.update({f"DFlash {policy}": drafter for policy, drafter in drafters.items()})
+        rows += [{"target": str(args.target), **row}
+                 for row in timing_rows(model, methods, prompts[: args.prompts], args.max_new_tokens, temperature,
+                                        draft_lm, max(args.repeats, 3), progress)]
     return rows

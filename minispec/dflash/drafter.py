@@ -1,16 +1,35 @@
 """`DFlashDrafter`: the DFlash drafter behind the speculative loop's drafter protocol.
 
     begin(prompt, prefill)       the taps of every real prompt token become the draft cache's context
-    propose(last, K)             block [last, <mask> x (B-1)] at positions p .. p+B-1, ONE forward,
-                                 d_k = argmax of block position k (k = 1..K), q = None (one-hot)
+    propose(last, K)             block [last, <mask> x (B-1)] at positions p .. p+B-1, ONE forward: block
+                                 position k (k = 1..K) gives q_k, a distribution over the draft vocabulary;
+                                 the drafting policy turns q_1 .. q_K into drafts d_1 .. d_K
     commit(accepted a, verify)   the taps of [last, d_1 .. d_a] (from the verify forward) join the
                                  context; the rejected drafts' features never enter the cache
 
-Drafts are always argmax, at every temperature: the block's outputs are per-position marginals, not
-a joint distribution, so sampling each position independently is both wrong as a proposal and
-measured to collapse acceptance (z-lab/dflash PR #169: 1.16 accepted tokens per step at T = 1 against
-2.96 with argmax drafts). With argmax drafts and one-hot q the loop's rejection sampling ("accept d_k
-with probability p_k(d_k)") keeps the output exactly the target's.
+Two drafting policies, both exact (the output is distributed exactly as the target's):
+
+    "argmax"  d_k = argmax q_k, sent as a deterministic draft (q = None): the verifier accepts d_k with
+              probability p_k(d_k), the target's probability of it (rejection sampling with a one-hot q).
+    "sample"  at T > 0, each d_k drawn independently from q_k at the request's temperature / top-k /
+              top-p, and q_k sent to the verifier, which accepts with min(1, p_k(d_k) / q_k(d_k)).
+              At T = 0 it is the argmax.
+
+"sample" is exact although the block's outputs are per-position marginals, not a joint distribution.
+Rejection sampling needs q_k to be the distribution d_k was really drawn from, given everything the
+verifier conditions on; the block is computed before any draft is drawn, so given the block d_k ~ q_k
+whatever d_1 .. d_{k-1} turned out to be. That q_k ignores the earlier drafts can cost acceptance, never
+exactness. Per position, argmax drafts are accepted with p_k(argmax q_k) and sampled ones with
+sum min(p_k, q_k) = 1 - TV(p_k, q_k): which is larger depends on the drafter, the target and the
+temperature, so it is measured, per temperature and policy, by
+`python -m minispec.bench dflash --policies argmax sample`. z-lab/dflash PR #169 measured their drafters
+at T = 1 (MLX): 1.16 accepted tokens per step with independent per-position sampling against 2.96 with
+argmax drafts; that is a measurement of those drafters on those targets, not a property of the policy.
+
+A drafter with a reduced draft vocabulary (`config.draft_vocab_size`) drafts only tokens of that
+vocabulary: ids are mapped to the target's with `to_target_ids` and q to the target's vocabulary with
+`to_target_vocab`, zero elsewhere. The tokens it leaves out cost acceptance, not exactness: the
+verifier's residual max(p - q, 0) still covers them.
 """
 from __future__ import annotations
 
@@ -20,33 +39,40 @@ import torch
 
 from minispec.dflash.model import DFlashCache, DFlashDraftModel
 from minispec.drafters.base import Proposal, Sampling
+from minispec.speculative import sampling as smp
 from minispec.speculative.batch import PromptBatch
 from minispec.speculative.target import TargetOutput
+
+POLICIES = ("argmax", "sample")
 
 
 class DFlashDrafter:
     needs_hidden_states = True
 
     def __init__(self, model: DFlashDraftModel, target, num_draft_tokens: int | None = None,
-                 block_size: int | None = None):
+                 block_size: int | None = None, policy: str = "argmax"):
         cfg = model.config
         if block_size is not None and block_size != cfg.block_size:
             raise ValueError(f"block_size {block_size} differs from the drafter's config ({cfg.block_size}): a DFlash "
                              "drafter runs the block size it was trained with")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown drafting policy {policy!r}: expected one of {', '.join(map(repr, POLICIES))}")
         model.attach_target(target)
         self.model = model.eval()
+        self.policy = policy
         self.block_size = cfg.block_size
         self.mask_token_id = cfg.mask_token_id
-        self.vocab_size = cfg.vocab_size
+        self.vocab_size = cfg.vocab_size  # the target's: drafts and q are given in its ids
         self.num_draft_tokens = self.block_size - 1 if num_draft_tokens is None else num_draft_tokens
         self._check_k(self.num_draft_tokens)
         self.cache: DFlashCache | None = None
-        self.last_logits: torch.Tensor | None = None  # [B, T, V] of the latest block, for visualizations
+        self.last_logits: torch.Tensor | None = None  # [B, T, Vd] of the latest block, for visualizations
 
     @classmethod
     def from_pretrained(cls, folder, target, **kwargs) -> DFlashDrafter:
         """Load a drafter saved with `save_pretrained` or exported in the HF-native DFlash format; it computes
-        in the target's dtype (weights are stored in bf16, and bf16 matmuls are slow on most CPUs)."""
+        in the target's dtype (weights are stored in bf16, and bf16 matmuls are slow on most CPUs). `kwargs`
+        are the constructor's (`num_draft_tokens`, `policy`)."""
         from minispec.dflash.export import load_drafter_model
 
         return cls(load_drafter_model(Path(folder), target).to(target.dtype), target, **kwargs)
@@ -69,8 +95,12 @@ class DFlashDrafter:
         masks = torch.full((len(last), self.block_size - 1), self.mask_token_id, dtype=torch.long, device=last.device)
         block = torch.cat([last[:, None], masks], dim=1).to(self.model.device)
         self.last_logits = self.model.draft(block, self.cache)
-        drafts = self.last_logits[:, 1: 1 + k].argmax(dim=-1)  # block position k proposes token k
-        return Proposal(drafts.to(last.device), q=None)
+        logits = self.last_logits[:, 1: 1 + k]  # [B, K, Vd]: block position k proposes token k
+        if self.policy == "argmax" or sampling.temperature == 0:
+            return Proposal(self.model.to_target_ids(logits.argmax(dim=-1)).to(last.device), q=None)
+        q = smp.sampling_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)  # [B, K, Vd]
+        drafts = self.model.to_target_ids(smp.sample(q, generator))
+        return Proposal(drafts.to(last.device), q=self.model.to_target_vocab(q).to(last.device))
 
     @torch.no_grad()
     def commit(self, accepted: torch.Tensor, tokens: torch.Tensor, target_out: TargetOutput) -> None:

@@ -22,26 +22,36 @@ def is_dflash_folder(folder) -> bool:
     return "DFlashDraftModel" in config.get("architectures", []) or "dflash_config" in config
 
 
-def load_drafter(name_or_path, target, num_draft_tokens: int | None = None):
+def load_drafter(name_or_path, target, num_draft_tokens: int | None = None, policy: str | None = None):
     """A drafter for `target`: "ngram" (prompt lookup), "mtp" (the MTP head shipped beside the target's
     weights, e.g. lightning-mini's), a shipped drafter by name ("bolt-nano", "bolt-mini-dflash"), a local
-    DFlash drafter folder, or a local HF causal-LM folder used as a draft model."""
+    DFlash drafter folder, or a local HF causal-LM folder used as a draft model.
+
+    policy: a DFlash drafter's drafting policy, "argmax" (its default) or "sample" (see
+    `minispec.dflash.drafter`); other drafters have none.
+    """
     from transformers import AutoModelForCausalLM
 
     from minispec.targets.load import resolve
 
     kwargs = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
+    folder = None if name_or_path in ("ngram", "mtp") else resolve(name_or_path, DRAFT_MODELS, kind="drafter",
+                                                                   also=["ngram", "mtp"])
+    if folder is not None and is_dflash_folder(folder):
+        from minispec.dflash.drafter import DFlashDrafter
+
+        if policy is not None:
+            kwargs["policy"] = policy
+        return DFlashDrafter.from_pretrained(folder, target, **kwargs)
+    if policy is not None:
+        raise ValueError(f"policy={policy!r} is a DFlash drafter's drafting policy, and {str(name_or_path)!r} is not "
+                         "a DFlash drafter")
     if name_or_path == "ngram":
         return NGramDrafter(target.config.vocab_size, **kwargs)
     if name_or_path == "mtp":
         from minispec.mtp.drafter import MTPDrafter
 
         return MTPDrafter.beside(target, **kwargs)
-    folder = resolve(name_or_path, DRAFT_MODELS, kind="drafter", also=["ngram", "mtp"])
-    if is_dflash_folder(folder):
-        from minispec.dflash.drafter import DFlashDrafter
-
-        return DFlashDrafter.from_pretrained(folder, target, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=target.dtype).eval()
     if model.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"drafter {str(name_or_path)!r} has vocab size {model.config.vocab_size} but the target "

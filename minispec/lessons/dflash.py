@@ -1,6 +1,9 @@
-"""The pieces of notebook 02 (DFlash) that are library code: its figures, a short live training run
-with tau measured on validation prompts while it trains, and the counter-example drafter that samples
-each block position independently."""
+"""The pieces of notebook 02 (DFlash) that are library code: its figures, one verify step under each
+drafting rule, and a short live training run with tau measured on validation prompts while it trains.
+
+The drafter's two policies themselves live in `minispec.dflash.drafter` (`DFlashDrafter(...,
+policy="argmax" | "sample")`): both exact, and which accepts more is measured, not assumed.
+"""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -12,8 +15,6 @@ from minispec.costs import DFlashParamCount
 from minispec.dflash import mask as dmask
 from minispec.dflash.config import FULL
 from minispec.dflash.drafter import DFlashDrafter
-from minispec.drafters.base import Proposal, Sampling
-from minispec.speculative import sampling as smp
 
 SLIDING_COLOR, FULL_COLOR, TAP_COLOR = "#9ecae1", "#3182bd", "#e6550d"
 
@@ -101,35 +102,18 @@ def mask_figure(seq_len: int = 20, anchors: Sequence[int] = (3, 9, 14), block_si
     return fig
 
 
-class MarginalSamplingDrafter(DFlashDrafter):
-    """The counter-example: sample each block position independently from its own marginal.
-
-    Still exact (the verifier is told the q each draft was sampled from), but the block gives
-    p(x_{a+k} | context) for each k separately, not p(x_{a+k} | context, d_1 .. d_{k-1}): independent
-    samples need not form a sequence the target would write, so later positions are rejected more.
-    """
-
-    @torch.no_grad()
-    def propose(self, last: torch.Tensor, k: int, sampling: Sampling, generator=None) -> Proposal:
-        argmax = super().propose(last, k, sampling, generator)
-        if sampling.temperature == 0:
-            return argmax
-        logits = self.last_logits[:, 1: 1 + k]
-        q = smp.sampling_probs(logits.flatten(0, 1), sampling.temperature, sampling.top_k, sampling.top_p)
-        drafts = torch.multinomial(q, 1, generator=generator).view(len(last), k)
-        return Proposal(drafts.to(last.device), q=q.view(len(last), k, -1))
-
-
 def verify_draws(p: torch.Tensor, q: torch.Tensor, rule: str, n: int = 40_000,
                  seed: int = 0) -> tuple[torch.Tensor, float]:
     """One verify step drawn n times: (distribution of the first emitted token [V], acceptance rate).
 
     p, q: [V] target and draft distributions. rule:
-      "argmax, one-hot"   draft = argmax q, verifier treats it as deterministic (DFlash's rule)
+      "argmax, one-hot"   draft = argmax q, verifier treats it as deterministic (the "argmax" policy)
       "sampled, one-hot"  draft ~ q, verifier still treats it as deterministic (accept with p(d))
-      "sampled, told q"   draft ~ q, verifier told q (accept with min(1, p(d) / q(d)))
+      "sampled, told q"   draft ~ q, verifier told q (accept with min(1, p(d) / q(d)); the "sample" policy)
     Each is exact: given the draft, a one-hot step reproduces p, and a mixture of exact steps is exact.
-    They differ in acceptance: p(argmax q), sum_d q(d) p(d) <= max p, and sum min(p, q) = 1 - TV.
+    They differ in acceptance: p(argmax q), sum_d q(d) p(d) <= max p, and sum min(p, q) = 1 - TV. Which of
+    the first and the last is larger depends on p and q: 1 - TV reaches 1 when q = p, while the argmax never
+    gets past max p; the argmax wins when q is far from p but still has p's argmax (a peaked p, a flatter q).
     """
     from minispec.speculative.verify import verify
 

@@ -22,7 +22,7 @@ from minispec.drafters import NGramDrafter, Sampling
 from minispec.targets import mtbench, smollm2
 
 ACCEPTANCE_COLUMNS = ["target", "drafter", "policy", "T", "prompts", "max_new_tokens", "tau", "argmax_ceiling_tau",
-                      *[f"acc_{k}" for k in range(1, 8)]]
+                      "draft_vocab_coverage", *[f"acc_{k}" for k in range(1, 8)]]
 TIMING_COLUMNS = ["target", "method", "T", "K", "prompts", "tau", "tokens_per_s", "speedup", "speedup_vs", "C_t_ms",
                   "C_d_ms", "C_v_ms", "predicted_speedup", "cycle_ms", "overhead_ms", "identical_to_ar"]
 
@@ -53,6 +53,7 @@ def test_bolt_mini_rows_have_the_columns(bolt_rows):
     assert all(r["target"] == "bolt-mini" and r["drafter"] == "bolt-mini-dflash" and r["prompts"] == 3
                for r in acceptance)
     assert acceptance[0]["argmax_ceiling_tau"] == 8.0 and 1 <= acceptance[1]["argmax_ceiling_tau"] <= 8
+    assert all(r["draft_vocab_coverage"] == 1.0 for r in acceptance)  # bolt-mini's drafter drafts every token
     assert [(r["T"], r["method"]) for r in timing] == [
         (0.0, "autoregressive"), (0.0, "ngram"), (0.0, "DFlash"), (0.0, "HF generate greedy"),
         (0.0, "HF prompt lookup"), (0.0, "HF assisted decoding"),
@@ -175,3 +176,18 @@ def test_policy_is_a_dflash_drafters_only(target):
     assert isinstance(ms.load_drafter("bolt-mini-dflash", target, policy="sample"), DFlashDrafter)
     with pytest.raises(ValueError, match="'bolt-nano' is not a DFlash drafter"):
         ms.load_drafter("bolt-nano", target, policy="argmax")
+
+
+def test_draft_vocab_coverage_counts_the_tokens_a_reduced_vocabulary_can_draft():
+    from minispec.bench.dflash import draft_vocab_coverage
+
+    class Model:
+        def draft_vocab(self):
+            return torch.tensor([2, 5, 9])
+
+    class Drafter:
+        model = Model()
+
+    continuations = [torch.tensor([2, 5, 7]), torch.tensor([9, 1])]
+    assert draft_vocab_coverage(Drafter(), continuations) == pytest.approx(3 / 5)
+    assert draft_vocab_coverage(NGramDrafter(16), continuations) == 1.0

@@ -104,6 +104,14 @@ def argmax_ceiling(target, prompts, continuations, temperature: float, K: int = 
     return sum(taus) / len(taus)
 
 
+def draft_vocab_coverage(drafter, continuations) -> float:
+    """The share of the target's own tokens that the drafter can draft at all: 1 unless it drafts over a
+    reduced vocabulary, whose missing tokens are never accepted as drafts."""
+    vocab = getattr(getattr(drafter, "model", None), "draft_vocab", lambda: None)()
+    tokens = torch.cat(continuations)
+    return 1.0 if vocab is None or len(tokens) == 0 else float(torch.isin(tokens, vocab).float().mean())
+
+
 def acceptance_rows(target, drafter_name: str, drafters: dict, prompts, max_new_tokens: int, temperatures,
                     batch_size: int, progress) -> list[dict]:
     """Per temperature and policy, tau and per-position acceptance over `prompts`, and the argmax ceiling on
@@ -124,7 +132,8 @@ def acceptance_rows(target, drafter_name: str, drafters: dict, prompts, max_new_
                                          K=drafter.num_draft_tokens)
             row = {"drafter": drafter_name, "policy": policy, "T": temperature, "prompts": len(prompts),
                    "max_new_tokens": max_new_tokens, "tau": round(stats.tau, 3),
-                   "argmax_ceiling_tau": round(ceiling, 3)}
+                   "argmax_ceiling_tau": round(ceiling, 3),
+                   "draft_vocab_coverage": round(draft_vocab_coverage(drafter, continuations), 4)}
             row.update({f"acc_{k + 1}": round(float(a), 3) for k, a in enumerate(stats.per_position)})
             rows.append(row)
     return rows

@@ -74,7 +74,7 @@ class Settings(training.Settings):
 SETTINGS = {
     "bolt-mini": Settings(),
     # Replies to instruction prompts (stdlib requests and the target's own self-instruct, never MT-Bench).
-    "smollm2-135m": Settings(steps=1500, batch=8, lr=1e-3, warmup=50, greedy_replies=320, sampled_replies=128,
+    "smollm2-135m": Settings(steps=1200, batch=8, lr=1e-3, warmup=50, greedy_replies=320, sampled_replies=128,
                              reply_len=192, num_anchors=32, distill=0.0, eval_replies=32, cache_features=True,
                              draft_vocab=8192, ckpt_every=100),
 }
@@ -246,7 +246,14 @@ def training_replies(target, tokenizer, s: Settings, split: str = "train") -> Re
 
     parts = [replies(n, temperature, s.seed + i)
              for i, (n, temperature) in enumerate([(s.greedy_replies, 0.0), (s.sampled_replies, 1.0)]) if n]
-    return Replies(torch.cat([p.input_ids for p in parts]), torch.cat([p.loss_mask for p in parts]))
+    width = max(p.input_ids.shape[1] for p in parts)  # chat prompts differ in length: right-pad to the longest
+
+    def padded(x: torch.Tensor, value: int) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    pad = special_ids(target)[0]
+    return Replies(torch.cat([padded(p.input_ids, pad) for p in parts]),
+                   torch.cat([padded(p.loss_mask, 0) for p in parts]))
 
 
 def parse_bool(text: str) -> bool:

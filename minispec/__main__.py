@@ -1,12 +1,19 @@
-"""`python -m minispec demo`: speculative decoding on the shipped model, with its speed.
+"""`python -m minispec demo`: speculative decoding on a target with its drafter, with its speed.
 
-Prints the prompt's tail, then the continuation as a coloured strip that grows cycle by cycle
-(green accepted drafts, red struck-through rejected drafts, yellow target corrections, blue bonus
-tokens), then τ and the speedup over plain autoregressive decoding measured in the same run.
+By default the real target, SmolLM2-135M-Instruct, answers one MT-Bench question with its DFlash drafter
+(`smollm2-135m-dflash`); `--target bolt-mini` runs the shipped toy target on a prompt of its frozen eval set
+with the n-gram drafter. The target decides where the prompt comes from (MT-Bench for a chat model, the
+eval set otherwise) and which drafter is the default.
+
+Prints the question (or the prompt's tail), then the continuation as a coloured strip that grows cycle by
+cycle (green accepted drafts, red struck-through rejected drafts, yellow target corrections, blue bonus
+tokens), then τ, the per-position acceptance and the speedup over plain autoregressive decoding measured in
+the same run (batch 1); at T = 0 whether the output equals autoregressive decoding's.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -14,16 +21,44 @@ import minispec as ms
 from minispec.bench.timing import timed
 from minispec.viz import AnsiStrip
 
+# The drafter each target runs by default: SmolLM2's own DFlash drafter; on bolt-mini the n-gram drafter,
+# the fastest there (its DFlash drafter accepts more, but bolt-mini's forward is too cheap to pay for it).
+DEFAULT_DRAFTERS = {"smollm2-135m": "smollm2-135m-dflash", "bolt-mini": "ngram"}
+# The MT-Bench question the demo asks SmolLM2 by default.
+DEFAULT_QUESTION = 0
+
+
+def load_prompt(tokenizer, index: int | None) -> tuple[torch.Tensor, str, str]:
+    """(prompt ids [T], its title, the text to show): an MT-Bench first turn for a chat target, a prompt of the
+    frozen eval set otherwise."""
+    if tokenizer.chat_template is not None:
+        bench = ms.load_mtbench(tokenizer)
+        index = DEFAULT_QUESTION if index is None else index
+        if not 0 <= index < len(bench):
+            raise ValueError(f"--question {index}: MT-Bench has {len(bench)} questions, numbered 0..{len(bench) - 1}")
+        return bench.prompts[index], f"MT-Bench question #{index}, {bench.categories[index]}", bench.questions[index]
+    prompts = ms.load_evalset().prompts
+    index = 0 if index is None else index
+    if not 0 <= index < len(prompts):
+        raise ValueError(f"--prompt {index}: the frozen eval set has {len(prompts)} prompts, numbered "
+                         f"0..{len(prompts) - 1}")
+    return prompts[index], f"frozen eval set #{index}, last 300 characters", tokenizer.decode(prompts[index])[-300:]
+
 
 def demo(args) -> None:
     torch.set_num_threads(args.threads)
-    model, tok = ms.load_target(args.model)
-    prompt = ms.load_evalset().prompts[args.prompt]
-    drafter = ms.load_drafter(args.drafter, model)
-    print(f"{args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters), "
-          f"drafter {args.drafter}, K={drafter.num_draft_tokens}, T={args.temperature}")
-    print(f"--- prompt (frozen eval set #{args.prompt}, last 300 characters) ---")
-    print(tok.decode(prompt)[-300:])
+    drafter_name = args.drafter or DEFAULT_DRAFTERS.get(str(args.target), "ngram")
+    try:
+        model, tok = ms.load_target(args.target)
+        prompt, title, shown = load_prompt(tok, args.prompt)
+        drafter = ms.load_drafter(drafter_name, model, policy=args.policy)
+    except (ModuleNotFoundError, FileNotFoundError, ValueError) as err:
+        # A missing package or checkpoint, or a bad name or index: the loader's message names the fix.
+        sys.exit(f"python -m minispec demo: {err}")
+    print(f"{args.target} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters), "
+          f"drafter {drafter_name}, K={drafter.num_draft_tokens}, T={args.temperature}")
+    print(f"--- prompt ({title}) ---")
+    print(shown)
     print("--- speculative continuation ---")
     strip = AnsiStrip(tok)
     strip.legend()
@@ -48,11 +83,16 @@ def demo(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minispec")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="speculative decoding on the shipped bolt-mini, with tokens/s vs AR")
-    d.add_argument("--model", default="bolt-mini")
-    d.add_argument("--drafter", default="ngram",
-                   help='"ngram" (the fastest on bolt-mini today), "bolt-nano" or a draft-model folder')
-    d.add_argument("--prompt", type=int, default=0, help="index into the frozen eval set")
+    d = sub.add_parser("demo", help="speculative decoding of SmolLM2-135M-Instruct on an MT-Bench question (or of "
+                                    "bolt-mini on its eval set), with tokens/s vs AR")
+    d.add_argument("--target", default="smollm2-135m", help='"smollm2-135m", "bolt-mini" or a local HF folder')
+    d.add_argument("--drafter", default=None,
+                   help=f"a drafter name or folder; default per target {DEFAULT_DRAFTERS}, else ngram")
+    d.add_argument("--policy", choices=["argmax", "sample"], default=None,
+                   help="a DFlash drafter's drafting policy (default argmax; both exact)")
+    d.add_argument("--question", "--prompt", dest="prompt", type=int, default=None,
+                   help=f"MT-Bench question for a chat target (default {DEFAULT_QUESTION}), else index into the "
+                        "frozen eval set (default 0)")
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument("--temperature", type=float, default=0.0)
     d.add_argument("--threads", type=int, default=torch.get_num_threads())

@@ -1,8 +1,15 @@
 """The two commands a user runs first: the demo and a benchmark."""
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+
+import pytest
+import torch
+
+from minispec.__main__ import main
+from minispec.targets import smollm2
 
 
 def run(*args, cwd):
@@ -11,9 +18,29 @@ def run(*args, cwd):
 
 
 def test_demo_prints_strip_tau_and_speed(tmp_path):
-    out = run("minispec", "demo", "--max-new-tokens", "24", "--drafter", "ngram", cwd=tmp_path).stdout
+    out = run("minispec", "demo", "--target", "bolt-mini", "--max-new-tokens", "24", cwd=tmp_path).stdout
+    assert "drafter ngram" in out and "frozen eval set #0" in out
     assert "τ = " in out and "tokens/s vs autoregressive" in out
     assert "greedy speculative output equals autoregressive output" in out
+
+
+@pytest.mark.slow
+def test_demo_runs_smollm2_with_its_dflash_drafter_on_mt_bench(tmp_path):
+    out = run("minispec", "demo", "--max-new-tokens", "16", cwd=tmp_path).stdout
+    assert "drafter smollm2-135m-dflash" in out and "MT-Bench question #" in out
+    assert "τ = " in out and "per-position acceptance" in out and "tokens/s vs autoregressive" in out
+    assert "greedy speculative output equals autoregressive output" in out
+
+
+def test_demo_passes_the_loaders_error_through(monkeypatch):
+    """Without the model's package, the demo ends with the loader's own message, which names the pip command."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == smollm2.PACKAGE
+                        else find_spec(name, *a))
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--threads", str(torch.get_num_threads())])  # leaves this process's threads as they are
+    assert str(exit_.value.code).startswith("python -m minispec demo: the target 'smollm2-135m' comes from")
+    assert str(exit_.value.code).endswith(f"run `{smollm2.INSTALL}`")
 
 
 def test_bench_ar_writes_json(tmp_path):

@@ -13,7 +13,8 @@ DRAFT_MODELS = {"bolt-nano": "python -m minispec.targets.train bolt-nano",
                 "bolt-mini-dflash": "python -m minispec.dflash.train --target bolt-mini, then python -m "
                                     "minispec.dflash.train --init-from minispec/checkpoints/bolt-mini-dflash "
                                     "--steps 700 --greedy-replies 2048 --num-anchors 96 --lr 1.5e-3 --work-dir "
-                                    "~/.cache/minispec/train/bolt-mini-dflash-2"}
+                                    "~/.cache/minispec/train/bolt-mini-dflash-2",
+                "smollm2-135m-dflash": "python -m minispec.dflash.train --target smollm2-135m"}
 
 
 def is_dflash_folder(folder) -> bool:

@@ -37,8 +37,9 @@ def test_minispec_import_does_not_import_triton(tmp_path):
 
 
 def test_checkpoints_stay_under_budget():
+    """Everything shipped inside the package stays under 64 MB (bigger models come from a pip package)."""
     size = sum(p.stat().st_size for p in (ROOT / "minispec" / "checkpoints").rglob("*") if p.is_file())
-    assert size < 40 * 2**20, f"minispec/checkpoints is {size / 2**20:.1f} MiB, over the 40 MiB budget"
+    assert size < 64 * 10**6, f"minispec/checkpoints is {size / 1e6:.1f} MB, over the 64 MB budget"
 
 
 def _module_name(path: Path) -> str:

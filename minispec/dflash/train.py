@@ -46,7 +46,7 @@ from minispec.dflash.model import DFlashDraftModel, num_parameters
 from minispec.speculative.autoregressive import special_ids
 from minispec.targets import corpus, data
 from minispec.targets.load import CHECKPOINTS, load_target
-from minispec.targets.replies import Replies, generate_replies, instruction_replies
+from minispec.targets.replies import Replies, concatenate, generate_replies, instruction_replies
 from minispec.training import weights_digest
 
 
@@ -246,14 +246,7 @@ def training_replies(target, tokenizer, s: Settings, split: str = "train") -> Re
 
     parts = [replies(n, temperature, s.seed + i)
              for i, (n, temperature) in enumerate([(s.greedy_replies, 0.0), (s.sampled_replies, 1.0)]) if n]
-    width = max(p.input_ids.shape[1] for p in parts)  # chat prompts differ in length: right-pad to the longest
-
-    def padded(x: torch.Tensor, value: int) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-
-    pad = special_ids(target)[0]
-    return Replies(torch.cat([padded(p.input_ids, pad) for p in parts]),
-                   torch.cat([padded(p.loss_mask, 0) for p in parts]))
+    return concatenate(parts, special_ids(target)[0])
 
 
 def parse_bool(text: str) -> bool:

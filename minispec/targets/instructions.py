@@ -86,14 +86,15 @@ def documented_definitions(files: list[corpus.SourceFile]) -> list[tuple[str, st
     return found
 
 
-def stdlib_requests(num: int, seed: int = 0, split: str = "train") -> list[str]:
-    """`num` requests about documented definitions of the stdlib `split`, templates in turn."""
+def stdlib_requests(num: int, seed: int = 0, split: str = "train", offset: int = 0) -> list[str]:
+    """`num` requests about documented definitions of the stdlib `split`, templates in turn: items
+    `offset .. offset + num` of the definitions shuffled by `seed`, so consecutive offsets never repeat one."""
     definitions = documented_definitions(corpus.iter_files(split))
-    if len(definitions) < num:
-        raise ValueError(f"asked for {num} stdlib requests but the {split} split has {len(definitions)} documented "
-                         "definitions")
-    rng = random.Random(seed)
-    picked = rng.sample(definitions, num)
+    if offset < 0 or len(definitions) < offset + num:
+        raise ValueError(f"asked for stdlib requests {offset}..{offset + num} but the {split} split has "
+                         f"{len(definitions)} documented definitions")
+    random.Random(seed).shuffle(definitions)
+    picked = definitions[offset: offset + num]
     requests = []
     for i, (name, doc, code) in enumerate(picked):
         summary = doc.split("\n\n")[0].replace("\n", " ")
@@ -128,10 +129,12 @@ def self_instruct(model, tokenizer, num: int, seed: int = 0, batch_size: int = 3
     return tasks
 
 
-def training_prompts(model, tokenizer, num: int, seed: int = 0, split: str = "train") -> list[torch.Tensor]:
+def training_prompts(model, tokenizer, num: int, seed: int = 0, split: str = "train",
+                     part: int = 0) -> list[torch.Tensor]:
     """`num` chat prompts (token ids, chat template applied): requests about the stdlib `split` and
-    self-instruct tasks in turn, half each."""
-    made = self_instruct(model, tokenizer, num // 2, seed)
-    code = stdlib_requests(num - num // 2, seed, split)
+    self-instruct tasks in turn, half each. Parts 0, 1, 2, ... of one `seed` (each `num` prompts) never share
+    a stdlib request and draw their self-instruct tasks from different seeds."""
+    made = self_instruct(model, tokenizer, num // 2, seed * 1_000_003 + part)
+    code = stdlib_requests(num - num // 2, seed, split, offset=part * (num - num // 2))
     texts = [t for pair in zip(code, made) for t in pair] + code[len(made):]
     return [chat_prompt(tokenizer, t) for t in texts]

@@ -93,20 +93,46 @@ def generate_replies(model, tokenizer, num: int, prompt_len: int, reply_len: int
 
 
 def instruction_replies(model, tokenizer, num: int, reply_len: int, temperature: float = 0.0, seed: int = 0,
-                        split: str = "train", batch_size: int = 32, cache: bool = True) -> Replies:
+                        split: str = "train", batch_size: int = 32, cache: bool = True,
+                        part_size: int = 128) -> Replies:
     """A chat target's replies to `num` instruction prompts (`minispec.targets.instructions.training_prompts`:
     requests about the stdlib `split` and the target's own self-instruct tasks, never MT-Bench), cached like
-    `generate_replies`. Prompts are generated in order of length, so a batch carries little padding."""
+    `generate_replies`.
+
+    They are made in parts of `part_size` prompts, each cached on its own, so a larger `num` reuses the
+    parts already made and an interrupted generation loses at most one part. Within a part, prompts are
+    generated in order of length, so a batch carries little padding.
+    """
     from minispec.targets.instructions import training_prompts
 
-    if num < 1 or reply_len < 1:
-        raise ValueError(f"num and reply_len must be >= 1, got {num}, {reply_len}")
-    path = replies_dir() / f"{weights_digest(model)}-instructions-{split}-{num}-{reply_len}-{temperature}-{seed}.pt"
-    if cache and path.exists():
-        return Replies(**torch.load(path))
-    prompts = sorted(training_prompts(model, tokenizer, num, seed, split), key=len)
-    replies = replies_to(model, prompts, reply_len, temperature, seed, batch_size)
-    if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"input_ids": replies.input_ids, "loss_mask": replies.loss_mask}, path)
-    return replies
+    if num < 1 or reply_len < 1 or part_size < 1:
+        raise ValueError(f"num, reply_len and part_size must be >= 1, got {num}, {reply_len}, {part_size}")
+    digest = weights_digest(model)
+    parts = []
+    for part, start in enumerate(range(0, num, part_size)):
+        n = min(part_size, num - start)
+        path = replies_dir() / f"{digest}-instructions-{split}-{part_size}-{reply_len}-{temperature}-{seed}-{part}.pt"
+        if cache and path.exists():
+            replies = Replies(**torch.load(path))
+        else:
+            prompts = sorted(training_prompts(model, tokenizer, part_size, seed, split, part), key=len)
+            replies = replies_to(model, prompts, reply_len, temperature, seed * 1_000_003 + part, batch_size)
+            if cache:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save({"input_ids": replies.input_ids, "loss_mask": replies.loss_mask}, path.with_suffix(".tmp"))
+                path.with_suffix(".tmp").replace(path)
+        parts.append(Replies(replies.input_ids[:n], replies.loss_mask[:n]))
+    return concatenate(parts, special_ids(model)[0])
+
+
+def concatenate(parts: list[Replies], pad: int) -> Replies:
+    """Rows of several `Replies`, right-padded to the widest (chat prompts differ in length)."""
+    if not parts:
+        raise ValueError("no replies to concatenate")
+    width = max(p.input_ids.shape[1] for p in parts)
+
+    def padded(x: torch.Tensor, value: int) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    return Replies(torch.cat([padded(p.input_ids, pad) for p in parts]),
+                   torch.cat([padded(p.loss_mask, 0) for p in parts]))

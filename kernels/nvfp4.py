@@ -21,6 +21,9 @@ What makes it bit-exact on every backend:
     (`enable_fp_fusion=False`) so that x̂ - x and d·d round exactly as torch's separate ops do.
   - The dequantize kernel writes float32 and torch rounds to the caller's dtype: the interpreter's
     float32 -> bfloat16 cast truncates instead of rounding to nearest (checked with triton 3.9).
+  - bfloat16 inputs are widened by their bits (`_load_as_float32`), exact for subnormals on every
+    backend, and the compiled kernels hold no flush-to-zero (`.ftz`) instruction: tiny inputs give
+    the reference's codes and scales too (tests/test_kernel_numerics.py).
 """
 import torch
 import triton
@@ -129,12 +132,25 @@ def _block_squared_error(x, values, scale, g, BLOCKS: tl.constexpr):
 
 
 @triton.jit
+def _load_as_float32(pointers, mask):
+    """Load float32, float16 or bfloat16 values as float32, exactly (subnormals too).
+
+    bfloat16 is the top half of a float32, so its bits shifted left by 16 are the float32 value. The
+    interpreter's `.to(tl.float32)` mistranslates bf16 subnormals (below 2**-126: 1e-39 became 4.4e-39
+    with triton 3.9); a GPU's cvt.f32.bf16 is exact, and so is this shift, on both.
+    """
+    x = tl.load(pointers, mask=mask, other=0.0)
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _quantize_kernel(x_ptr, codes_ptr, scales_ptr, g_ptr, n_blocks,
                      FOUR_OVER_SIX: tl.constexpr, BLOCKS: tl.constexpr):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)  # [BLOCKS]
     valid = block < n_blocks
-    x = tl.load(x_ptr + block[:, None] * 16 + tl.arange(0, 16)[None, :], mask=valid[:, None], other=0.0)
-    x = x.to(tl.float32)
+    x = _load_as_float32(x_ptr + block[:, None] * 16 + tl.arange(0, 16)[None, :], valid[:, None])
     g = tl.load(g_ptr)
 
     block_amax = tl.max(tl.abs(x), axis=1)

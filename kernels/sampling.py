@@ -15,6 +15,16 @@ magnitude bits of negative numbers gives a map that keeps the order (a < b iff k
 at most 32 halvings of the int32 range land on one exact float: the threshold equals what the
 reference's sort finds, bit for bit. Each halving is one pass over the row (a count or a sum), so a
 row is read about 70 times; it stays in L2, and nothing is sorted.
+
+Top-p compares a sum of up to V probabilities with top_p, so its precision decides which tokens
+survive at the edge of the nucleus. In float32, adding to a mass near 1 rounds by up to 6e-8, as
+much as a tail token of p ≈ 1e-7 weighs, so which tail tokens survive top_p = 0.99999 would depend on
+the order of the additions. So the kernel works as the reference does, in float64 wherever it sums:
+exp(z) and the softmax denominator are float64, each probability is rounded once to
+float32 (the p that is returned and sampled), the masses of those float32 p are float64 sums, and
+top_p is a float64 argument. The probabilities are written to `out` once and the top-p passes read
+them back from there. Kernel and reference then keep the same tokens unless some token's mass
+above lies within the two float64 sums' rounding (about V · 2**-53) of top_p.
 """
 import torch
 import triton
@@ -35,24 +45,21 @@ def _ordered_key(x):
 
 
 @triton.jit
-def _scaled_logits(row_ptr, cols, V, temperature):
-    """z = logits / temperature for one chunk of columns; -inf past the end of the row."""
-    x = tl.load(row_ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-    # Correctly rounded division, as torch does on CPU: z decides which tokens tie at the top-k
-    # boundary. (A plain `/` on fp32 may compile to a faster approximate division.)
-    return tl.math.div_rn(x, temperature)
+def _load_logits(row_ptr, cols, V):
+    """One chunk of a row of logits as float32; -inf past the end of the row."""
+    return tl.load(row_ptr + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
 
 
 @triton.jit
-def _row_max(row_ptr, V, temperature, BLOCK: tl.constexpr):
-    """The largest z in the row, and the first column that holds it."""
+def _row_max(row_ptr, V, BLOCK: tl.constexpr):
+    """The largest logit in the row, and the first column that holds it."""
     best = tl.full([], float("-inf"), tl.float32)
     best_col = tl.full([], 0, tl.int32)
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        z = _scaled_logits(row_ptr, cols, V, temperature)
-        chunk_best = tl.max(z, axis=0)
-        chunk_col = tl.min(tl.where(z == chunk_best, cols, V), axis=0)
+        x = _load_logits(row_ptr, cols, V)
+        chunk_best = tl.max(x, axis=0)
+        chunk_col = tl.min(tl.where(x == chunk_best, cols, V), axis=0)
         # Strictly greater: on a tie between chunks the earlier column wins, as in torch.argmax.
         best_col = tl.where(chunk_best > best, chunk_col, best_col)
         best = tl.maximum(best, chunk_best)
@@ -60,26 +67,36 @@ def _row_max(row_ptr, V, temperature, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _count_at_least(row_ptr, V, temperature, t, BLOCK: tl.constexpr):
+def _scaled_logits(row_ptr, cols, V, x_max, temperature):
+    """z = (logits - max logit) / temperature for one chunk of columns, as the reference computes it:
+    every z <= 0, the largest exactly 0, so a tiny temperature cannot overflow. -inf past the end."""
+    x = _load_logits(row_ptr, cols, V)
+    # Correctly rounded division, as torch does on CPU: z decides which tokens tie at the top-k
+    # boundary. (A plain `/` on fp32 may compile to a faster approximate division.)
+    return tl.math.div_rn(x - x_max, temperature)
+
+
+@triton.jit
+def _count_at_least(row_ptr, V, x_max, temperature, t, BLOCK: tl.constexpr):
     """How many tokens of the row have key(z) >= t."""
     count = tl.zeros([], tl.int32)
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        z = _scaled_logits(row_ptr, cols, V, temperature)
+        z = _scaled_logits(row_ptr, cols, V, x_max, temperature)
         count += tl.sum(((cols < V) & (_ordered_key(z) >= t)).to(tl.int32), axis=0)
     return count
 
 
 @triton.jit
-def _kth_largest_key(row_ptr, V, temperature, k, z_max, BLOCK: tl.constexpr):
+def _kth_largest_key(row_ptr, V, x_max, temperature, k, BLOCK: tl.constexpr):
     """key of the k-th largest z: the largest t with count(key >= t) >= k."""
     # Invariant: count(>= lo) >= k (every key is >= INT32_MIN) and count(>= hi) < k (nothing is
-    # above the max). int64, because hi - lo can exceed the int32 range.
+    # above the largest z, 0, whose key is 0). int64, because hi - lo can exceed the int32 range.
     lo = tl.full([], -2**31, tl.int64)
-    hi = _ordered_key(z_max).to(tl.int64) + 1
+    hi = tl.full([], 1, tl.int64)
     while hi - lo > 1:
         mid = lo + (hi - lo) // 2
-        if _count_at_least(row_ptr, V, temperature, mid, BLOCK) >= k:
+        if _count_at_least(row_ptr, V, x_max, temperature, mid, BLOCK) >= k:
             lo = mid
         else:
             hi = mid
@@ -87,25 +104,26 @@ def _kth_largest_key(row_ptr, V, temperature, k, z_max, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _numerators(row_ptr, cols, V, temperature, k_key, z_max):
-    """exp(z - z_max) for the top-k survivors in one chunk, 0 for the rest: softmax before dividing."""
-    z = _scaled_logits(row_ptr, cols, V, temperature)
-    return tl.where(_ordered_key(z) >= k_key, tl.exp(z - z_max), 0.0)
+def _numerators(row_ptr, cols, V, x_max, temperature, k_key):
+    """exp(z) in float64 for the top-k survivors in one chunk, 0 for the rest: softmax before dividing
+    (z's largest value is already 0)."""
+    z = _scaled_logits(row_ptr, cols, V, x_max, temperature)
+    return tl.where(_ordered_key(z) >= k_key, tl.exp(z.to(tl.float64)), 0.0)
 
 
 @triton.jit
-def _mass_above(row_ptr, V, temperature, k_key, z_max, denom, t, BLOCK: tl.constexpr):
-    """Total probability of the tokens with key(p) > t."""
-    mass = tl.zeros([], tl.float32)
+def _mass_above(p_row, V, t, BLOCK: tl.constexpr):
+    """Total probability (a float64 sum) of the tokens with key(p) > t, p read from the row p_row."""
+    mass = tl.zeros([], tl.float64)
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        p = _numerators(row_ptr, cols, V, temperature, k_key, z_max) / denom
-        mass += tl.sum(tl.where(_ordered_key(p) > t, p, 0.0), axis=0)
+        p = tl.load(p_row + cols, mask=cols < V, other=0.0)
+        mass += tl.sum(tl.where(_ordered_key(p) > t, p.to(tl.float64), 0.0), axis=0)
     return mass
 
 
 @triton.jit
-def _top_p_key(row_ptr, V, temperature, k_key, z_max, denom, top_p, BLOCK: tl.constexpr):
+def _top_p_key(p_row, V, top_p, BLOCK: tl.constexpr):
     """The smallest t with mass(key(p) > t) < top_p; the tokens with key(p) >= t are the nucleus."""
     # Invariant: mass(> hi) < top_p (no probability exceeds 1.0) and mass(> lo) >= top_p, which
     # holds for the true probabilities at lo = -1 (the whole row) and is never evaluated anyway.
@@ -113,7 +131,7 @@ def _top_p_key(row_ptr, V, temperature, k_key, z_max, denom, top_p, BLOCK: tl.co
     hi = _ordered_key(tl.full([], 1.0, tl.float32))
     while hi - lo > 1:
         mid = lo + (hi - lo) // 2
-        if _mass_above(row_ptr, V, temperature, k_key, z_max, denom, mid, BLOCK) < top_p:
+        if _mass_above(p_row, V, mid, BLOCK) < top_p:
             hi = mid
         else:
             lo = mid
@@ -121,43 +139,49 @@ def _top_p_key(row_ptr, V, temperature, k_key, z_max, denom, top_p, BLOCK: tl.co
 
 
 @triton.jit
-def _sampling_probs_kernel(logits_ptr, out_ptr, V, temperature, top_k, top_p,
+def _sampling_probs_kernel(logits_ptr, out_ptr, V, temperature, top_k, top_p: tl.float64,
                            USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK: tl.constexpr):
     # int64: row * V passes 2**31 for a large batch over a large vocabulary.
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * V
     out_row = out_ptr + row * V
 
-    z_max, _ = _row_max(row_ptr, V, temperature, BLOCK)
+    x_max, _ = _row_max(row_ptr, V, BLOCK)
 
     # Top-k. Every key is >= INT32_MIN, so without top-k that threshold keeps every token.
     k_key = tl.full([], -2**31, tl.int64)
     if USE_TOP_K:
-        k_key = _kth_largest_key(row_ptr, V, temperature, top_k, z_max, BLOCK)
+        k_key = _kth_largest_key(row_ptr, V, x_max, temperature, top_k, BLOCK)
 
-    # Softmax denominator over the survivors. z_max always survives, so the sum is >= 1.
-    denom = tl.zeros([], tl.float32)
+    # Softmax denominator over the survivors. The largest z, 0, always survives, so the sum is >= 1.
+    denom = tl.zeros([], tl.float64)
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        denom += tl.sum(_numerators(row_ptr, cols, V, temperature, k_key, z_max), axis=0)
+        denom += tl.sum(_numerators(row_ptr, cols, V, x_max, temperature, k_key), axis=0)
 
-    # Top-p, then renormalise over the nucleus.
-    if USE_TOP_P:
-        p_key = _top_p_key(row_ptr, V, temperature, k_key, z_max, denom, top_p, BLOCK)
-        kept_mass = _mass_above(row_ptr, V, temperature, k_key, z_max, denom, p_key - 1, BLOCK)
+    # p, rounded once to float32.
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        p = _numerators(row_ptr, cols, V, temperature, k_key, z_max) / denom
-        if USE_TOP_P:
-            p = tl.where(_ordered_key(p) >= p_key, p / kept_mass, 0.0)
+        p = (_numerators(row_ptr, cols, V, x_max, temperature, k_key) / denom).to(tl.float32)
         tl.store(out_row + cols, p, mask=cols < V)
+
+    # Top-p over the stored p, then renormalise over the nucleus.
+    if USE_TOP_P:
+        tl.debug_barrier()  # the passes below read p that other threads of this program stored
+        p_key = _top_p_key(out_row, V, top_p, BLOCK)
+        kept_mass = _mass_above(out_row, V, p_key - 1, BLOCK)
+        for start in range(0, V, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            p = tl.load(out_row + cols, mask=cols < V, other=0.0)
+            p = tl.where(_ordered_key(p) >= p_key, (p.to(tl.float64) / kept_mass).to(tl.float32), 0.0)
+            tl.store(out_row + cols, p, mask=cols < V)
 
 
 @triton.jit
 def _one_hot_argmax_kernel(logits_ptr, out_ptr, V, BLOCK: tl.constexpr):
     """Temperature 0: all the mass on the first argmax of the row."""
     row = tl.program_id(0).to(tl.int64)
-    _, argmax = _row_max(logits_ptr + row * V, V, 1.0, BLOCK)
+    _, argmax = _row_max(logits_ptr + row * V, V, BLOCK)
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         tl.store(out_ptr + row * V + cols, (cols == argmax).to(tl.float32), mask=cols < V)

@@ -11,20 +11,33 @@ supplies its data and its loss as `batch_loss(step)`, and `train_loop` runs the 
 The state file holds the modules' and the optimizer's state dicts, the step reached, the history and the
 settings. A rerun of the same command continues from it, and because every batch (and every random draw
 of the loss) is a function of (seed, step), a resumed run ends bit-identical to an uninterrupted one. It
-resumes only with the same settings (and the same `must_match` entries, e.g. the weights digest of a
-frozen model the run trains against): a changed learning rate or step count would silently make a
-different model.
+resumes only with the same settings (and the same `must_match` entries: the weights digest of a frozen
+model the run trains against, the weights it started from): a changed learning rate or step count would
+silently make a different model. Settings that only change the bookkeeping (`Settings.BOOKKEEPING`: how
+often the state is written, how much is evaluated at the end) may change on resume.
+
+A finished model is written with `save_atomically`: everything goes into a temporary sibling folder, which
+replaces the model's folder by a rename only once the whole folder (weights, config, tokenizer,
+training.json, SHA256SUMS) is written. A run that fails at any point before leaves the previous model as it was.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import math
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from tqdm import tqdm
+
+from minispec import cli
+from minispec.targets import data
+from minispec.targets.manifest import write_manifest
 
 
 @dataclass
@@ -40,6 +53,59 @@ class Settings:
     grad_clip: float = 1.0
     seed: int = 0
     ckpt_every: int = 50
+
+    # Fields that change only how often the state is written or how much is measured at the end, not what the
+    # run computes: a resumed run may change them. A subclass extends the set with its own.
+    BOOKKEEPING: ClassVar[frozenset[str]] = frozenset({"ckpt_every"})
+    # Number fields for which 0 is meaningful ("no warmup", "no weight decay"); every other must be > 0.
+    ZERO_ALLOWED: ClassVar[frozenset[str]] = frozenset({"warmup", "seed", "weight_decay", "min_lr_ratio"})
+
+    def __post_init__(self):
+        for name, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            low = 0 if name in self.ZERO_ALLOWED else None
+            if not math.isfinite(value) or value < 0 or (value == 0 and low is None):
+                rule = ">= 0" if low == 0 else "> 0"
+                raise ValueError(f"{type(self).__name__}.{name} must be a finite number {rule}, got {value}")
+
+
+def parse_bool(text: str) -> bool:
+    """A command-line boolean: true / false / 1 / 0."""
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() in ("true", "1")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[Settings], help: str = "default: {}") -> None:
+    """One `--flag` per field of `cls`, default None (the trainer's per-model default then applies), typed with
+    `minispec.cli`'s argument types so that 0 or a negative count is refused while the arguments are parsed."""
+    for name, default in asdict(cls()).items():
+        if isinstance(default, bool):
+            kind = parse_bool
+        elif isinstance(default, int):
+            kind = cli.non_negative_int if name in cls.ZERO_ALLOWED else cli.positive_int
+        elif isinstance(default, float):
+            kind = cli.non_negative_float if name in cls.ZERO_ALLOWED else cli.positive_float
+        else:
+            kind = type(default)
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, help=help.format(default))
+
+
+def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, defaults: Settings) -> Settings:
+    """`defaults` with the fields given on the command line replaced; a combination the settings refuse
+    (e.g. no training replies at all) stops the parser with its message."""
+    overrides = {k: getattr(args, k) for k in asdict(defaults) if getattr(args, k) is not None}
+    try:
+        return type(defaults)(**(asdict(defaults) | overrides))
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def default_out(name: str) -> Path:
+    """Where a trainer saves model `name` unless `--out` names a folder: the user cache (`$MINISPEC_CACHE`,
+    else ~/.cache/minispec) under models/, never the installed package."""
+    return data.cache_dir() / "models" / name
 
 
 def lr_at(step: int, s: Settings) -> float:
@@ -71,28 +137,51 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def load_state(path: Path, modules: dict, settings: dict, must_match: dict) -> tuple[int, list]:
-    """Load `path` into `modules` ({name: module or optimizer}) if it exists: (start step, history)."""
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def load_state(path: Path, modules: dict, settings: dict, must_match: dict,
+               bookkeeping: frozenset[str] = frozenset()) -> tuple[int, list]:
+    """Load `path` into `modules` ({name: module or optimizer}) if it exists: (start step, history).
+
+    The saved run's settings and `must_match` entries must equal this run's, except the `bookkeeping` fields;
+    the error names every one that differs, the flag that restores it, and the work dir to delete instead."""
     if not path.exists():
         return 0, []
-    state = torch.load(path, weights_only=False)
-    if state["settings"] != settings:
-        raise ValueError(f"{path} was written with other settings: {state['settings']}; "
-                         "delete it or rerun with the same settings")
-    for key, value in must_match.items():
-        if state.get(key) != value:
-            raise ValueError(f"{path} was written against another {key} ({key} {state.get(key)!r}, this run's "
-                             f"{value!r}); delete it or rerun against the same {key}")
-    for name, module in modules.items():
-        module.load_state_dict(state[name])
-    return state["step"], state["history"]
+    try:
+        state = torch.load(path, weights_only=False)
+        saved = {k: v for k, v in state["settings"].items() if k not in bookkeeping}
+        recorded = state.get("must_match", state)  # states written before it had a key of its own: top level
+        saved |= {k: recorded.get(k, "(not recorded)") for k in must_match}
+        step, history = state["step"], state["history"]
+    except Exception as e:  # EOFError (truncated), RuntimeError (not a zip), KeyError (not a state): all say damaged
+        raise ValueError(f"{path} cannot be read, it is truncated or corrupt ({type(e).__name__}: {e}); delete it, "
+                         f"or its work dir {path.parent}, to start the run over") from e
+    now = {k: v for k, v in settings.items() if k not in bookkeeping} | must_match
+    differ = [k for k in sorted(saved.keys() | now.keys()) if saved.get(k) != now.get(k)]
+    if differ:
+        changes = "; ".join(f"{k}: {_shown(saved.get(k))} there, {_shown(now.get(k))} in this run" for k in differ)
+        restore = [f"--{k.replace('_', '-')} {saved[k]}" for k in differ if k in settings and k in saved]
+        restore += [f"the same {k}" for k in differ if k in must_match]
+        raise ValueError(f"{path} was written by a run with other settings ({changes}): rerun with "
+                         f"{' and '.join(restore) or 'what the saved run used'}, or delete the work dir {path.parent} "
+                         "to start a new run")
+    try:
+        for name, module in modules.items():
+            module.load_state_dict(state[name])
+    except (KeyError, RuntimeError) as e:
+        raise ValueError(f"{path} does not fit this run's model ({type(e).__name__}: {str(e)[:200]}); delete it, "
+                         f"or its work dir {path.parent}, to start the run over") from e
+    return step, history
 
 
 def save_state(path: Path, modules: dict, step: int, history: list, settings: dict, must_match: dict) -> None:
     """Write the state atomically: a crash mid-write leaves the previous checkpoint intact."""
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {name: m.state_dict() for name, m in modules.items()}
-    torch.save({**state, **must_match, "step": step, "history": history, "settings": settings},
+    torch.save({**state, "must_match": must_match, "step": step, "history": history, "settings": settings},
                path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
 
@@ -124,7 +213,8 @@ def train_loop(modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optim
     must_match = must_match or {}
     state_modules = {**modules, "optimizer": optimizer}
     settings = asdict(s)
-    start, history = load_state(path, state_modules, settings, must_match) if path is not None else (0, [])
+    start, history = (0, []) if path is None else load_state(path, state_modules, settings, must_match,
+                                                             type(s).BOOKKEEPING)
     if start:
         print(f"{desc}: resuming from step {start}")
     end = s.steps if stop_after is None else min(s.steps, stop_after)
@@ -153,3 +243,40 @@ def train_loop(modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optim
     for m in modules.values():
         m.eval()
     return history
+
+
+def save_atomically(folder: Path, write: Callable[[Path], None], copy_of: Path | None = None) -> Path:
+    """Write a model folder as one step: `write(tmp)` fills a temporary sibling folder, `write_manifest` adds a
+    SHA256SUMS to it (and to each of its sub-folders that holds files), and only then does it take the place
+    of `folder` (two renames: the old folder aside, the new one in). Any failure before that, in `write` or an
+    interruption, leaves `folder` as it was and removes the temporary folder.
+
+    copy_of: start from a copy of this folder where it exists (a stage that adds heads beside a backbone, or
+    a record to a model's folder: `copy_of=folder`). Returns `folder`.
+    """
+    folder = Path(folder).expanduser().absolute()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file; a model is saved as a folder")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
+    aside = folder.parent / f".{folder.name}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        if copy_of is not None and Path(copy_of).is_dir():
+            shutil.copytree(copy_of, tmp)
+        else:
+            tmp.mkdir()
+        write(tmp)
+        for sub, _, files in os.walk(tmp):
+            if files:
+                write_manifest(Path(sub))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if folder.exists():
+        folder.rename(aside)
+        tmp.rename(folder)
+        shutil.rmtree(aside)
+    else:
+        tmp.rename(folder)
+    return folder

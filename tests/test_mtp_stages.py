@@ -85,10 +85,12 @@ def test_stage1_trains_backbone_and_head_together_and_resumes_exactly(tmp_path):
 
 def test_shipped_lightning_mini_is_the_joint_sft_stage_and_stage1_refuses_to_restart_from_it(tmp_path):
     record = json.loads((stages.SFT_FOLDER / "training.json").read_text())
-    assert record["command"] == "python -m minispec.mtp.stages sft" and "joint" in record["stage"]
+    assert record["command"].startswith("python -m minispec.mtp.stages sft") and "joint" in record["stage"]
     assert record["previous_stage"]["command"].startswith("python -m minispec.targets.train lightning-mini")
     assert record["val_loss"] < record["previous_stage"]["val_loss"]  # same val windows
-    with pytest.raises(ValueError, match="targets.train lightning-mini"):
+    with pytest.raises(ValueError, match="already holds the joint SFT stage.*targets.train lightning-mini"):
+        stages.pretrained_backbone(stages.SFT_FOLDER)
+    with pytest.raises(FileNotFoundError, match=f"no pretrained lightning-mini in {tmp_path}"):
         stages.pretrained_backbone(tmp_path)
 
 

@@ -87,12 +87,52 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path):
 def test_a_checkpoint_resumes_only_with_its_settings_and_its_must_match_entries(tmp_path):
     path = tmp_path / "state.pt"
     run(toy_model(), ToySettings(), path, stop_after=3, must_match={"backbone": "abc"})
-    with pytest.raises(ValueError, match="other settings"):
-        run(toy_model(), ToySettings(lr=2e-2), path, must_match={"backbone": "abc"})
-    with pytest.raises(ValueError, match="against another backbone"):
+    with pytest.raises(ValueError, match="other settings") as err:
+        run(toy_model(), ToySettings(lr=2e-2, noise=0.2), path, must_match={"backbone": "abc"})
+    message = str(err.value)
+    assert "lr: 0.01 there, 0.02 in this run" in message and "noise: 0.1 there, 0.2 in this run" in message
+    assert "rerun with --lr 0.01 and --noise 0.1, or delete the work dir" in message and str(tmp_path) in message
+    with pytest.raises(ValueError, match="other settings \\(backbone: 'abc' there, 'def' in this run\\): rerun with "
+                                         "the same backbone"):
         run(toy_model(), ToySettings(), path, must_match={"backbone": "def"})
+    with pytest.raises(ValueError, match="init: '\\(not recorded\\)' there, 'x' in this run"):
+        run(toy_model(), ToySettings(), path, must_match={"backbone": "abc", "init": "x"})  # an entry it lacks
     history, _ = run(toy_model(), ToySettings(), path, must_match={"backbone": "abc"})
     assert len(history) == 8
+
+
+def test_bookkeeping_settings_may_change_on_resume(tmp_path):
+    """How often the state is written changes nothing the run computes: a resumed run may change it."""
+    whole, _ = run(toy_model(), ToySettings(), tmp_path / "whole.pt")
+    run(toy_model(), ToySettings(), tmp_path / "split.pt", stop_after=3)
+    history, _ = run(toy_model(), ToySettings(ckpt_every=1), tmp_path / "split.pt")
+    assert history == whole
+    assert torch.load(tmp_path / "split.pt", weights_only=False)["settings"]["ckpt_every"] == 1
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "not a state"])
+def test_a_damaged_state_file_is_named_with_how_to_start_over(tmp_path, damage):
+    path = tmp_path / "state.pt"
+    run(toy_model(), ToySettings(), path, stop_after=3)
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:100])
+    elif damage == "garbage":
+        path.write_bytes(b"not a checkpoint")
+    else:
+        torch.save({"weights": 1}, path)
+    with pytest.raises(ValueError, match="truncated or corrupt") as err:
+        run(toy_model(), ToySettings(), path)
+    assert str(path) in str(err.value) and "delete it" in str(err.value)
+
+
+def test_settings_refuse_zero_and_negative_numbers():
+    for field, value in [("steps", 0), ("batch", -1), ("ckpt_every", 0), ("lr", 0.0), ("lr", float("nan")),
+                         ("grad_clip", -1.0)]:
+        with pytest.raises(ValueError, match=f"ToySettings.{field} must be a finite number > 0"):
+            ToySettings(**{field: value})
+    with pytest.raises(ValueError, match="warmup must be a finite number >= 0"):
+        ToySettings(warmup=-1)
+    assert ToySettings(warmup=0, weight_decay=0.0, seed=0).warmup == 0  # zero is meaningful for these
 
 
 def test_group_scale_on_step_and_before_save(tmp_path):

@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 
 from minispec.dflash.config import SLIDING, DFlashConfig, read_hf_config
 from minispec.dflash.model import DFlashDraftModel
+from minispec.targets.manifest import check_manifest
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -183,8 +184,10 @@ def load_hf_dflash(folder, target=None) -> DFlashDraftModel:
 
 
 def load_drafter_model(folder, target=None) -> DFlashDraftModel:
-    """A drafter from either format: minispec's `save_pretrained` folder or an HF-native export."""
+    """A drafter from either format: minispec's `save_pretrained` folder or an HF-native export, checked
+    against the folder's SHA256SUMS when it has one (`minispec.targets.manifest`)."""
     folder = Path(folder)
+    check_manifest(folder)
     cfg = json.loads((folder / "config.json").read_text())
     if cfg.get("model_type") == DFlashConfig.model_type:
         model = DFlashDraftModel.from_pretrained(folder).eval()

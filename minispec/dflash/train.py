@@ -23,7 +23,10 @@ Two choices that buy CPU time on a real target (SmolLM2-135M), each measured in 
 
 Only the drafter's own weights train: the target (whose embedding, and head unless the drafter has its
 own, the drafter borrows) is frozen and never handed to the optimizer. The loop is
-`minispec.training.train_loop`: seeded, resumable from `train_state.pt` in the work dir.
+`minispec.training.train_loop`: seeded, resumable from `train_state.pt` in the work dir, which a run
+continues only with the same settings, the same target weights and the same `--init-from` weights. The
+drafter is saved with `training.save_atomically` into `--out`, by default the user cache
+(~/.cache/minispec/models/<target>-dflash); the shipped one is rebuilt with `--out minispec/checkpoints/...`.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ from minispec.dflash.config import bolt_mini_dflash_config, smollm2_dflash_confi
 from minispec.dflash.model import DFlashDraftModel, num_parameters
 from minispec.speculative.autoregressive import special_ids
 from minispec.targets import corpus, data
-from minispec.targets.load import CHECKPOINTS, load_target
+from minispec.targets.load import load_target
 from minispec.targets.replies import Replies, concatenate, generate_replies, instruction_replies
 from minispec.training import weights_digest
 
@@ -68,6 +71,16 @@ class Settings(training.Settings):
     eval_replies: int = 32  # greedy replies to val-split prompts
     cache_features: bool = False  # run the target once over the replies and train from its stored taps
     draft_vocab: int = 0  # draft over this many most frequent reply tokens; 0: the target's whole vocabulary
+
+    BOOKKEEPING = training.Settings.BOOKKEEPING | {"eval_replies"}
+    ZERO_ALLOWED = training.Settings.ZERO_ALLOWED | {"greedy_replies", "sampled_replies", "distill", "draft_vocab"}
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.greedy_replies == self.sampled_replies == 0:
+            raise ValueError("greedy_replies and sampled_replies are both 0: at least one training reply is needed")
+        if self.distill > 1:
+            raise ValueError(f"distill is the weight of the soft-label loss, in [0, 1]; got {self.distill}")
 
 
 # Per-target defaults; any field can be overridden on the command line.
@@ -216,13 +229,15 @@ def make_optimizer(drafter: DFlashDraftModel, s: Settings) -> torch.optim.AdamW:
 
 
 def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies | TapFeatures, s: Settings, work_dir: Path,
-          stop_after: int | None = None, desc: str = "train dflash", on_step=None) -> list[dict]:
+          stop_after: int | None = None, desc: str = "train dflash", on_step=None,
+          must_match: dict | None = None) -> list[dict]:
     """Train `drafter` (attached to `target`) in place on `dataset`: the target's `Replies` (loss on the
     reply tokens), the same with their stored taps (`TapFeatures`), or windows of a token stream [n].
 
     Resumes from `work_dir/train_state.pt`. `stop_after` ends the run early (after that step count,
     with a checkpoint), as an interruption would. `on_step(step, record)` is called after every step
-    (a notebook's live plot hooks in here). Returns the history: per step {"loss", "accuracy"}.
+    (a notebook's live plot hooks in here). `must_match`: what a resumed run must share with the saved one
+    besides its settings (`training.train_loop`). Returns the history: per step {"loss", "accuracy"}.
     """
     freeze(target)
     drafter.attach_target(target)
@@ -233,7 +248,8 @@ def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies | T
         return loss, {"loss": loss.item(), "accuracy": acc}
 
     return training.train_loop({"model": drafter}, make_optimizer(drafter, s), s, batch_loss,
-                               Path(work_dir) / "train_state.pt", stop_after=stop_after, on_step=on_step, desc=desc)
+                               Path(work_dir) / "train_state.pt", stop_after=stop_after, on_step=on_step, desc=desc,
+                               must_match=must_match)
 
 
 def training_replies(target, tokenizer, s: Settings, split: str = "train") -> Replies:
@@ -249,26 +265,35 @@ def training_replies(target, tokenizer, s: Settings, split: str = "train") -> Re
     return concatenate(parts, special_ids(target)[0])
 
 
-def parse_bool(text: str) -> bool:
-    if text.lower() not in ("true", "false", "1", "0"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return text.lower() in ("true", "1")
+def init_drafter(path: Path) -> tuple[Path, DFlashDraftModel]:
+    """--init-from: the resolved folder of a saved DFlash drafter and its model, or an error naming the path."""
+    from minispec.dflash.export import load_drafter_model
+    from minispec.drafters import is_dflash_folder
+
+    folder = Path(path).expanduser().resolve()
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"--init-from {path}: no saved drafter there ({folder / 'config.json'} does not "
+                                "exist)")
+    if not is_dflash_folder(folder):
+        kind = json.loads((folder / "config.json").read_text()).get("model_type", "unknown")
+        raise ValueError(f"--init-from {path} is a target model (model_type {kind!r}), not a DFlash drafter: name "
+                         "the folder of a drafter that `python -m minispec.dflash.train` saved")
+    return folder, load_drafter_model(folder)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="bolt-mini", choices=sorted(CONFIGS))
-    p.add_argument("--out", type=Path, help="output folder (default: minispec/checkpoints/<target>-dflash)")
+    p.add_argument("--out", type=Path, help="output folder (default: ~/.cache/minispec/models/<target>-dflash; the "
+                                            "shipped one is rebuilt with --out minispec/checkpoints/<target>-dflash)")
     p.add_argument("--work-dir", type=Path, help="where resumable train state lives")
     p.add_argument("--init-from", type=Path, help="start from this saved drafter's weights (a second stage)")
-    for field, default in asdict(Settings()).items():
-        p.add_argument("--" + field.replace("_", "-"), type=parse_bool if isinstance(default, bool) else type(default),
-                       help=f"default: per target ({default})")
+    training.add_settings_arguments(p, Settings, help="default: per target ({} for bolt-mini)")
     a = p.parse_args(argv)
-    overrides = {k: getattr(a, k) for k in asdict(Settings()) if getattr(a, k) is not None}
-    s = Settings(**(asdict(SETTINGS[a.target]) | overrides))
-    out = a.out or CHECKPOINTS / f"{a.target}-dflash"
+    s = training.settings_from_args(p, a, SETTINGS[a.target])
+    out = a.out or training.default_out(f"{a.target}-dflash")
     work_dir = a.work_dir or data.cache_dir() / "train" / f"{a.target}-dflash"
+    init_from, start = init_drafter(a.init_from) if a.init_from is not None else (None, None)
 
     target, tok = load_target(a.target)
     freeze(target)
@@ -282,16 +307,23 @@ def main(argv: list[str] | None = None) -> None:
         reply_tokens = replies.input_ids[replies.loss_mask.bool()]
         coverage = float((drafter.to_draft_ids(reply_tokens) >= 0).float().mean())
     previous = None
-    if a.init_from is not None:
-        start = DFlashDraftModel.from_pretrained(a.init_from)
-        drafter.load_state_dict({k: v.to(drafter.dtype) for k, v in start.state_dict().items()})
-        previous = json.loads((a.init_from / "training.json").read_text())
+    if start is not None:
+        try:
+            drafter.load_state_dict({k: v.to(drafter.dtype) for k, v in start.state_dict().items()})
+        except RuntimeError as e:
+            raise ValueError(f"--init-from {a.init_from} does not fit a {a.target} drafter with these settings "
+                             f"(it was trained for another target or configuration): {str(e)[:300]}") from None
+        if (init_from / "training.json").is_file():
+            previous = json.loads((init_from / "training.json").read_text())
+    # What a resumed run must share with the saved one besides its settings: the target it trains against and
+    # the weights it started from, by folder and by digest (the same folder rewritten since is another start).
+    must_match = {"target": weights_digest(target), "init_from": None if init_from is None else str(init_from),
+                  "init_weights": None if start is None else weights_digest(start)}
     dataset = tap_features(target, drafter, replies) if s.cache_features else replies
-    history = train(drafter, target, dataset, s, work_dir)
+    history = train(drafter, target, dataset, s, work_dir, must_match=must_match)
     val = training_replies(target, tok, replace(s, greedy_replies=s.eval_replies, sampled_replies=0), split="val")
     metrics = evaluate(drafter, target, val, s)
-    out.mkdir(parents=True, exist_ok=True)
-    drafter.to(torch.bfloat16).save_pretrained(out)  # bf16 on disk, like every shipped checkpoint
+    drafter.to(torch.bfloat16)  # bf16 on disk, like every shipped checkpoint
     recent = history[-100:]
     record = {
         "command": "python -m minispec.dflash.train " + shlex.join(sys.argv[1:] if argv is None else argv),
@@ -313,8 +345,14 @@ def main(argv: list[str] | None = None) -> None:
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "previous_stage": previous,  # the run this one started from (--init-from), or None
     }
-    (out / "training.json").write_text(json.dumps(record, indent=1))
-    print(f"val loss {metrics['loss']:.4f}  weighted accuracy {metrics['accuracy']:.4f}  -> {out}")
+
+    def write(folder: Path) -> None:
+        drafter.save_pretrained(folder)
+        (folder / "training.json").write_text(json.dumps(record, indent=1))
+
+    training.save_atomically(out, write)
+    print(f"val loss {metrics['loss']:.4f}  weighted accuracy {metrics['accuracy']:.4f}")
+    print(f"saved {out}; load it with ms.load_drafter({str(out)!r}, target)")
 
 
 if __name__ == "__main__":

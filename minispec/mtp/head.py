@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minispec.ssm.hybrid import MLP, Attention, MoE, RMSNorm
+from minispec.targets.manifest import check_manifest
 
 MIXERS = {"*": "attention", "-": "mlp", "E": "moe"}
 MOE_FIELDS = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
@@ -222,9 +223,12 @@ class MTPHead(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder, dtype: torch.dtype = torch.float32) -> MTPHead:
+        """The head saved in `folder` (mtp_config.json + mtp.safetensors), checked against the folder's
+        SHA256SUMS when it has one (`minispec.targets.manifest`)."""
         from safetensors.torch import load_file
 
         folder = Path(folder)
+        check_manifest(folder)
         head = cls(MTPConfig(**json.loads((folder / "mtp_config.json").read_text())))
         state = load_file(folder / "mtp.safetensors")
         if any(not k.startswith("mtp.") for k in state):

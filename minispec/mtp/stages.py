@@ -14,9 +14,19 @@ script per stage:
     python -m minispec.mtp.stages hsm         4b. HSM per depth: stage 3's runs over several seeds, beside
                                                  the same run trained at depth 1 only
 
-Stage 1 starts from `python -m minispec.targets.train lightning-mini`'s output and overwrites that folder,
-keeping the pretraining record under `previous_stage` in training.json. Every stage trains with
-`minispec.training.train_loop`: seeded, tqdm, resumable from `train_state.pt` in its work dir.
+Where each stage reads and writes (every write is one `training.save_atomically` step):
+
+    sft        reads --pretrained (default ~/.cache/minispec/models/lightning-mini, where
+               `python -m minispec.targets.train lightning-mini` saves), writes backbone + head into --out
+               (default: that same cache folder), keeping the pretraining record under `previous_stage`
+    posttrain  reads --sft (default: the shipped lightning-mini), writes a new lightning-mini-post into --out
+    boost      reads --sft's head and --post's backbone (default: the shipped lightning-mini-post), writes a copy
+               of --post with the three heads into --out
+    eval, hsm  read --sft and --post, write a copy of --post with mtp_eval.json / mtp_hsm.json into --out
+
+--out defaults to the user cache (~/.cache/minispec/models/lightning-mini or lightning-mini-post); the shipped
+folders are rebuilt only when --out names them (`--out minispec/checkpoints/lightning-mini-post`). Every stage
+trains with `minispec.training.train_loop`: seeded, tqdm, resumable from `train_state.pt` in its work dir.
 """
 from __future__ import annotations
 
@@ -32,7 +42,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from minispec import training
+from minispec import cli, training
 from minispec.mtp.backbone import Backbone
 from minispec.mtp.head import MTPConfig, MTPHead
 from minispec.mtp.sft import joint_loss
@@ -82,9 +92,9 @@ def shifted_stream(tok) -> torch.Tensor:
     return torch.tensor(ids)
 
 
-def _record(folder: Path, name: str, record: dict) -> None:
-    record = {"command": "python -m minispec.mtp.stages " + shlex.join(sys.argv[1:]), **record,
-              "torch": torch.__version__, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+def _record(folder: Path, name: str, command: str, record: dict) -> None:
+    record = {"command": command, **record, "torch": torch.__version__,
+              "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     (folder / name).write_text(json.dumps(record, indent=1))
 
 
@@ -103,7 +113,9 @@ class SFTSettings(training.Settings):
 
 def train_sft(model, s: SFTSettings, work_dir: Path, stop_after: int | None = None) -> tuple[MTPHead, list]:
     """Stage 1: `model` (the pretrained backbone, trained in place) and a fresh head trained together on
-    corpus windows with `joint_loss`: LM cross-entropy + mtp_weight · mean per-depth CE."""
+    corpus windows with `joint_loss`: LM cross-entropy + mtp_weight · mean per-depth CE. A resumed run must
+    start from the same pretrained weights ("origin")."""
+    origin = training.weights_digest(model)
     torch.manual_seed(s.seed)
     head = MTPHead(head_config(model.config))
     for p in model.parameters():
@@ -120,21 +132,25 @@ def train_sft(model, s: SFTSettings, work_dir: Path, stop_after: int | None = No
         return res.loss, {"lm": res.lm.item(), "ce": res.mtp.tolist(), "accuracy": res.mtp_accuracy.tolist()}
 
     history = training.train_loop({"model": model, "head": head}, opt, s, batch_loss, work_dir / "train_state.pt",
-                                  stop_after=stop_after, desc="stage 1: joint SFT (backbone + head)")
+                                  stop_after=stop_after, desc="stage 1: joint SFT (backbone + head)",
+                                  must_match={"origin": origin})
     return head, history
 
 
-def pretrained_backbone(work_dir: Path):
-    """Stage 1's starting point: lightning-mini as `minispec.targets.train` left it (float32, trainable).
-    Once stage 1 has written its result into the same folder, only a resumable state in `work_dir` can
-    continue; starting over needs the pretraining rerun."""
+def pretrained_backbone(folder: Path) -> tuple[object, dict]:
+    """Stage 1's starting point and its training record: lightning-mini as `minispec.targets.train` left it
+    (float32, trainable). A folder that already holds the joint SFT stage is refused: starting over needs
+    the pretraining rerun."""
     from transformers import AutoModelForCausalLM
 
-    record = json.loads((SFT_FOLDER / "training.json").read_text())
-    if "previous_stage" in record and not (work_dir / "train_state.pt").exists():
-        raise ValueError(f"{SFT_FOLDER} already holds the joint SFT stage ({record['command']!r}); stage 1 starts "
+    if not (folder / "training.json").is_file():
+        raise FileNotFoundError(f"no pretrained lightning-mini in {folder} (no training.json): run `python -m "
+                                f"minispec.targets.train lightning-mini --out {folder}` first")
+    record = json.loads((folder / "training.json").read_text())
+    if "previous_stage" in record:
+        raise ValueError(f"{folder} already holds the joint SFT stage ({record['command']!r}); stage 1 starts "
                          "from the pretrained model: run `python -m minispec.targets.train lightning-mini` first")
-    return AutoModelForCausalLM.from_pretrained(SFT_FOLDER, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), record
 
 
 def save_head(head: MTPHead, folder: Path) -> None:
@@ -154,13 +170,13 @@ class PostSettings(training.Settings):
     seq_len: int = 128
 
 
-def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None):
-    """Stage 2: lightning-mini (transformers' NemotronH, the format it ships in) trained further on the
-    shifted slice with the LM loss. Returns the HF model (float32) and the loss history."""
+def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None, sft: Path = SFT_FOLDER):
+    """Stage 2: lightning-mini (transformers' NemotronH, the format it ships in; from folder `sft`) trained
+    further on the shifted slice with the LM loss. Returns the HF model (float32) and the loss history."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(s.seed)
-    model = AutoModelForCausalLM.from_pretrained(SFT_FOLDER, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(sft, dtype=torch.float32)
     stream = shifted_stream(tokenizer())
     # a resumed run must post-train the same stage-1 backbone ("origin")
     history = training.train_loop({"model": model}, training.adamw(model.parameters(), s), s,
@@ -217,32 +233,43 @@ def signal(model, head: MTPHead, replies, depths: int = SIGNAL_DEPTHS) -> dict[s
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=("sft", "posttrain", "boost", "eval", "hsm"))
-    p.add_argument("--steps", type=int, help="override the stage's step count")
-    p.add_argument("--eval-prompts", type=int, default=48, help="eval-set prompts for stage 4 (batch 1 each)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--seeds", type=int, default=4, help="boosting seeds per arm for `hsm`")
+    p.add_argument("--steps", type=cli.positive_int, help="override the stage's step count")
+    p.add_argument("--eval-prompts", type=cli.positive_int, default=48, help="eval-set prompts for stage 4 (batch 1 "
+                                                                              "each)")
+    p.add_argument("--max-new-tokens", type=cli.positive_int, default=32)
+    p.add_argument("--seeds", type=cli.positive_int, default=4, help="boosting seeds per arm for `hsm`")
+    p.add_argument("--pretrained", type=Path, help="sft: the pretrained lightning-mini (default: "
+                                                   "~/.cache/minispec/models/lightning-mini)")
+    p.add_argument("--sft", type=Path, default=SFT_FOLDER, help="the stage-1 lightning-mini (default: the shipped one)")
+    p.add_argument("--post", type=Path, default=POST_FOLDER, help="the post-trained lightning-mini-post (default: the "
+                                                                  "shipped one)")
+    p.add_argument("--out", type=Path, help="where the stage saves (default: ~/.cache/minispec/models/lightning-mini "
+                                            "for sft, .../lightning-mini-post for the others)")
     args = p.parse_args(argv)
-    {"sft": run_sft, "posttrain": run_posttrain, "boost": run_boost, "eval": run_eval, "hsm": run_hsm}[args.stage](args)
+    args.command = "python -m minispec.mtp.stages " + shlex.join(sys.argv[1:] if argv is None else argv)
+    reads = {"sft": (), "posttrain": ("sft",)}.get(args.stage, ("sft", "post"))
+    for name in reads:
+        folder = getattr(args, name)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"--{name} {folder}: no model there ({folder / 'config.json'} does not exist)")
+    run = {"sft": run_sft, "posttrain": run_posttrain, "boost": run_boost, "eval": run_eval, "hsm": run_hsm}
+    out = run[args.stage](args)
+    print(f"saved {out}; load it with ms.load_target({str(out)!r})")
 
 
-def run_sft(args) -> None:
-    """Stage 1 writes its backbone and head into lightning-mini itself: the shipped lightning-mini *is*
-    the SFT stage, its pretraining record kept under `previous_stage`."""
+def run_sft(args) -> Path:
+    """Stage 1 writes its backbone and head in place of the pretrained lightning-mini (by default the same
+    folder): the shipped lightning-mini *is* the SFT stage, its pretraining record kept under `previous_stage`."""
     from minispec.targets.train import evaluate
 
     s = SFTSettings() if args.steps is None else SFTSettings(steps=args.steps)
     work_dir = work_root() / "sft-joint"
-    model = pretrained_backbone(work_dir)
+    model, previous = pretrained_backbone(args.pretrained or training.default_out("lightning-mini"))
     head, history = train_sft(model, s, work_dir)
     model = model.to(torch.bfloat16).to(torch.float32)  # measure the weights that ship (bf16)
     val = evaluate(model, data.sequential_windows(data.token_stream("val", tokenizer()), 512, 64))
-    previous = json.loads((SFT_FOLDER / "training.json").read_text())
-    previous = previous.get("previous_stage", previous)  # rerun after the folder was written: keep pretraining's
-    model.to(torch.bfloat16).save_pretrained(SFT_FOLDER)
-    save_head(head, SFT_FOLDER)
-    (SFT_FOLDER / "mtp_training.json").unlink(missing_ok=True)  # the frozen-backbone head's record, replaced
     last = history[-20:]
-    _record(SFT_FOLDER, "training.json", {
+    record = {
         "stage": "1: joint SFT, backbone + MTP head (LM CE + mtp_weight x per-depth CE) on train-split windows",
         "settings": asdict(s), "val_loss": val["loss"], "val_accuracy": val["accuracy"],
         "val_windows": "64 x 512 tokens from the val split (previous_stage's val_loss is on the same windows)",
@@ -250,18 +277,29 @@ def run_sft(args) -> None:
                         "ce": [sum(h["ce"][k] for h in last) / len(last) for k in range(s.depths)],
                         "accuracy": [sum(h["accuracy"][k] for h in last) / len(last) for k in range(s.depths)]},
         "head_parameters": sum(p.numel() for p in head.parameters()),
-        "lm_every_10": [h["lm"] for h in history[::10]], "previous_stage": previous})
+        "lm_every_10": [h["lm"] for h in history[::10]], "previous_stage": previous}
+
+    def write(folder: Path) -> None:
+        model.to(torch.bfloat16).save_pretrained(folder)
+        tokenizer().save_pretrained(folder)
+        save_head(head, folder)
+        _record(folder, "training.json", args.command, record)
+
+    return training.save_atomically(args.out or training.default_out("lightning-mini"), write)
 
 
-def run_posttrain(args) -> None:
+def run_posttrain(args) -> Path:
     s = PostSettings() if args.steps is None else PostSettings(steps=args.steps)
-    model, history = post_train(s, work_root() / "posttrain")
-    POST_FOLDER.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(POST_FOLDER)
-    tokenizer().save_pretrained(POST_FOLDER)
-    _record(POST_FOLDER, "training.json", {"stage": f"2: lightning-mini post-trained on train files under "
-                                                    f"{SHIFT_PREFIX!r}", "settings": asdict(s),
-                                           "loss_history": history})
+    model, history = post_train(s, work_root() / "posttrain", sft=args.sft)
+
+    def write(folder: Path) -> None:
+        model.to(torch.bfloat16).save_pretrained(folder)
+        tokenizer().save_pretrained(folder)
+        _record(folder, "training.json", args.command, {
+            "stage": f"2: lightning-mini post-trained on train files under {SHIFT_PREFIX!r}", "settings": asdict(s),
+            "loss_history": history})
+
+    return training.save_atomically(args.out or training.default_out("lightning-mini-post"), write)
 
 
 def boost_runs(steps: int | None = None) -> dict:
@@ -276,41 +314,47 @@ def boost_runs(steps: int | None = None) -> dict:
                                       warmup=2)}
 
 
-def head_folder(name: str) -> Path:
-    """Where stage 3's head `name` ships: the boosted HSM head beside its backbone (`mtp.*`), the others
-    under `mtp-heads/`."""
-    return POST_FOLDER if name == "boost-hsm" else POST_FOLDER / "mtp-heads" / name
+def head_folder(name: str, post: Path = POST_FOLDER) -> Path:
+    """Where stage 3's head `name` lives in the lightning-mini-post folder `post`: the boosted HSM head
+    beside its backbone (`mtp.*`), the others under `mtp-heads/`."""
+    return post if name == "boost-hsm" else post / "mtp-heads" / name
 
 
-def run_boost(args) -> None:
+def run_boost(args) -> Path:
     from minispec.mtp.train import boost
 
-    model = load_backbone(POST_FOLDER)
+    model = load_backbone(args.post)
     replies = corpus_replies(model)
+    heads = {}
     for name, s in boost_runs(args.steps).items():
-        head = MTPHead.from_pretrained(SFT_FOLDER)
+        head = MTPHead.from_pretrained(args.sft)
         history = boost(head, model, replies, s, work_root() / name, desc=f"stage 3: {name}")
-        folder = head_folder(name)
-        save_head(head, folder)
-        _record(folder, "mtp_training.json", {"stage": f"3: {name} on this backbone", "settings": asdict(s),
-                                              "final": history[-1],
-                                              "acceptance_every_10": [h["acceptance"] for h in history[::10]]})
+        heads[name] = head, {"stage": f"3: {name} on this backbone", "settings": asdict(s), "final": history[-1],
+                             "acceptance_every_10": [h["acceptance"] for h in history[::10]]}
+
+    def write(folder: Path) -> None:
+        for name, (head, record) in heads.items():
+            save_head(head, head_folder(name, folder))
+            _record(head_folder(name, folder), "mtp_training.json", args.command, record)
+
+    return training.save_atomically(args.out or training.default_out("lightning-mini-post"), write,
+                                    copy_of=args.post)
 
 
-def run_eval(args) -> None:
+def run_eval(args) -> Path:
     import minispec as ms
     from minispec.mtp.boost import distribution_shift
 
     prompts = ms.load_evalset().prompts[: args.eval_prompts]
-    sft, post = load_backbone(SFT_FOLDER), load_backbone(POST_FOLDER)
+    sft, post = load_backbone(args.sft), load_backbone(args.post)
     held_out = corpus_replies(post, num=64, seed=1)
     eval_ids = torch.stack([p[:64] for p in prompts])  # eval prompts hold >= 64 tokens
     shift = {"eval_prompts": distribution_shift(sft, post, eval_ids),
              "post_training_slice": distribution_shift(sft, post, data.random_windows(
                  shifted_stream(tokenizer()), 16, 128, 1, step=-3))}
-    heads = {"stage-1 (SFT) head": MTPHead.from_pretrained(SFT_FOLDER)}
+    heads = {"stage-1 (SFT) head": MTPHead.from_pretrained(args.sft)}
     for name in boost_runs():
-        heads[name] = MTPHead.from_pretrained(head_folder(name))
+        heads[name] = MTPHead.from_pretrained(head_folder(name, args.post))
     pairs = {"stage-1 head on stage-1 backbone": (sft, heads["stage-1 (SFT) head"])}
     pairs.update({f"{name} on post-trained backbone": (post, head) for name, head in heads.items()})
     rows = {f"K={k}": {} for k in EVAL_KS}
@@ -322,8 +366,10 @@ def run_eval(args) -> None:
     result = {"eval": f"first {len(prompts)} eval-set prompts, batch 1, {args.max_new_tokens} new tokens; "
                       f"signal: 64 held-out T = 1 replies of the backbone",
               "distribution_shift_kl_new_old": shift, "rows": rows, "signal": signals}
-    _record(POST_FOLDER, "mtp_eval.json", result)
     print(json.dumps(result, indent=1))
+    return training.save_atomically(args.out or training.default_out("lightning-mini-post"),
+                                    lambda folder: _record(folder, "mtp_eval.json", args.command, result),
+                                    copy_of=args.post)
 
 
 def hsm_arms(steps: int | None = None) -> dict:
@@ -357,14 +403,16 @@ def hsm_study(model, start: MTPHead, replies, held_out, seeds: int, arms: dict, 
     return {"one_minus_tv": signals, "paired": paired}
 
 
-def run_hsm(args) -> None:
-    model = load_backbone(POST_FOLDER)
-    result = hsm_study(model, MTPHead.from_pretrained(SFT_FOLDER), corpus_replies(model),
+def run_hsm(args) -> Path:
+    model = load_backbone(args.post)
+    result = hsm_study(model, MTPHead.from_pretrained(args.sft), corpus_replies(model),
                        corpus_replies(model, num=64, seed=1), args.seeds, hsm_arms(args.steps), work_root())
     result = {"what": f"per-depth 1 - TV on 64 held-out T = 1 replies, depths 1..{SIGNAL_DEPTHS} (3 trained; "
                       f"1 for boost-depth1), {args.seeds} boosting seeds per arm; seed 0 = the stage-3 runs", **result}
-    _record(POST_FOLDER, "mtp_hsm.json", result)
     print(json.dumps(result["paired"], indent=1))
+    return training.save_atomically(args.out or training.default_out("lightning-mini-post"),
+                                    lambda folder: _record(folder, "mtp_hsm.json", args.command, result),
+                                    copy_of=args.post)
 
 
 if __name__ == "__main__":

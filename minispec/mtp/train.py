@@ -13,7 +13,7 @@ Only the head's weights reach the optimizer. The backbone, whose embedding and o
 shares, is checked against a snapshot at every checkpoint and at the end (`FrozenBackbone`): a run that
 changed it stops with an error instead of shipping a head aligned to a backbone that no longer exists.
 The loop is `minispec.training.train_loop`: resumable from `train_state.pt` in the work dir, checked
-against the settings and against the backbone's weights digest.
+against the settings and against the weights digests of the backbone and of the head it started from.
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def boost(head: MTPHead, backbone_model, replies: Replies, s: BoostSettings, wor
     interruption would. `on_step(step, record)` runs after every step (a notebook's live plot hooks in
     here). Returns the history: per step {"loss", "kl": [K], "acceptance": [K]} (acceptance = 1 − TV).
     """
+    start = training.weights_digest(head)
     backbone_model.eval()
     for p in backbone_model.parameters():
         p.requires_grad_(False)
@@ -66,4 +67,4 @@ def boost(head: MTPHead, backbone_model, replies: Replies, s: BoostSettings, wor
     return training.train_loop({"model": head}, make_optimizer(head, s), s, batch_loss,
                                Path(work_dir) / "train_state.pt", stop_after=stop_after, on_step=on_step, desc=desc,
                                before_save=frozen.check,
-                               must_match={"backbone": training.weights_digest(backbone_model)})
+                               must_match={"backbone": training.weights_digest(backbone_model), "start": start})

@@ -33,6 +33,11 @@ Decisions where the public implementations (Model Optimizer, torchao, fouroversi
     Model Optimizer uses the same floor but stores 1.0 for an all-zero block.
   - g is floored at 2**-126 (the smallest normal float32) so s_b · g never underflows to 0: this
     covers the all-zero tensor, whose codes are then all 0.
+  - tiny inputs are quantized from their exact values: bf16 and fp16 widen to float32 exactly, float32
+    and bf16 subnormals (below 2**-126) included, and nothing is flushed to zero (torch flushes no
+    subnormals, and the kernels compile to no flush-to-zero instruction). With the two floors, a tensor
+    whose amax is below 2688 · 2**-126 ≈ 3.2e-35 gets g = 2**-126 and subnormal block scales: sixteen
+    1e-39 give s_b = 7 · 2**-9 and x̂ = 9.64e-40. torchao, which does not floor g, keeps 1.01e-39 there.
   - the sign of zero is kept, as IEEE conversions and ml_dtypes keep it: -0.0 and tiny negatives that
     round to zero get code 8 (-0). Model Optimizer gives -0.0 (but not -0.1) code 0.
   - four-over-six adds each block's 16 squared errors in a fixed pairwise order, so the kernel makes the
@@ -324,6 +329,8 @@ def quantize(x: torch.Tensor, four_over_six: bool = False, global_scale=None) ->
     four_over_six: choose per block between "max → 6" and "max → 4" (and default g to amax / (6·256)).
     global_scale: the decode scale g to use instead of amax(|x|) / (6·448) (e.g. from calibration);
     blocks whose scale would exceed 448 saturate.
+    Subnormal inputs (below 2**-126) are quantized from their exact values, never flushed to zero; g is
+    floored at 2**-126 and block scales at 2**-9 (see the module docstring).
     """
     check_quantize_input(x)
     g = resolve_global_scale(x, four_over_six, global_scale)

@@ -1,8 +1,9 @@
-"""The NVFP4 study of bolt-mini in one command: `python -m minispec.quant.report --qad-dir runs/qad`.
+"""The NVFP4 study of bolt-mini in one command: `python -m minispec.quant.report`.
 
 Sensitivity ranking, the aggressive and the conservative recipe, their storage, PTQ vs QAD recovery on the
 eval set, reply-length drift, and (when the DFlash drafter is shipped) τ with the quantized target and
-with the W4A16 drafter. Writes every number to a JSON file (docs/nvfp4.md quotes one).
+with the W4A16 drafter. The QAD students are read from where `python -m minispec.quant.qad` saves them
+(`qad.result_folder`; skipped when absent). Writes every number to a JSON file (docs/nvfp4.md quotes one).
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from pathlib import Path
 
 import torch
 
+from minispec import cli
 from minispec.quant import evaluate as ev
 from minispec.quant import sensitivity as sens
 from minispec.quant.api import AGGRESSIVE, AGGRESSIVE_W4A4, storage_report
-from minispec.quant.qad import make_student
+from minispec.quant.qad import make_student, result_folder
 
 
 def sensitivity_batches(tokenizer, n: int = 4, batch: int = 2, seq_len: int = 128, seed: int = 0):
@@ -33,13 +35,13 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m minispec.quant.report")
     p.add_argument("--target", default="bolt-mini")
-    p.add_argument("--qad-dir", type=Path, default=Path("runs/qad"),
-                   help="where `minispec.quant.qad --recipe aggressive` wrote student.pt")
-    p.add_argument("--qad-w4a4-dir", type=Path, default=Path("runs/qad-w4a4"),
-                   help="where `minispec.quant.qad --recipe aggressive-w4a4` wrote student.pt")
-    p.add_argument("--bits", type=float, default=6.0, help="conservative recipe: effective-bits budget")
-    p.add_argument("--prompts", type=int, default=48, help="eval prompts for the teacher-forced metrics")
-    p.add_argument("--length-prompts", type=int, default=16)
+    p.add_argument("--qad-dir", type=Path, help="where `minispec.quant.qad --recipe aggressive` saved student.pt "
+                                                "(default: its default --out)")
+    p.add_argument("--qad-w4a4-dir", type=Path, help="where `minispec.quant.qad --recipe aggressive-w4a4` saved "
+                                                     "student.pt (default: its default --out)")
+    p.add_argument("--bits", type=cli.positive_float, default=6.0, help="conservative recipe: effective-bits budget")
+    p.add_argument("--prompts", type=cli.positive_int, default=48, help="eval prompts for the teacher-forced metrics")
+    p.add_argument("--length-prompts", type=cli.positive_int, default=16)
     p.add_argument("--drafter", default="bolt-mini-dflash")
     p.add_argument("--out", type=Path, default=Path("runs/nvfp4_report.json"))
     a = p.parse_args(argv)
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     models = {}
     runs = (("aggressive", AGGRESSIVE, a.qad_dir), ("aggressive-w4a4", AGGRESSIVE_W4A4, a.qad_w4a4_dir))
     for name, recipe, folder in runs:
+        folder = folder or result_folder(a.target, recipe["name"])
         models[f"ptq-{name}"] = make_student(teacher, recipe, loop).eval()
         if (folder / "student.pt").exists():
             student = make_student(teacher, recipe, loop)

@@ -2,20 +2,23 @@
 
 Every τ, accuracy and speed figure in minispec is measured on these prompts, so every machine
 measures the same thing whatever Python version (and so whatever stdlib) it has.
-Build (once, by `python -m minispec.targets.evalset build`): for each test-split file, cut prompts of a
-seeded random length in [64, 256] tokens at spaced offsets, each followed by the next 128 tokens
-of the file as its reference continuation.
+Build (once, by `python -m minispec.targets.evalset build --out minispec/checkpoints/evalset`; without
+--out it goes to the user cache): for each test-split file, cut prompts of a seeded random length in
+[64, 256] tokens at spaced offsets, each followed by the next 128 tokens of the file as its reference
+continuation.
 """
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from minispec.targets import corpus
+from minispec import training
+from minispec.targets import corpus, data
 
 FOLDER = Path(__file__).resolve().parents[1] / "checkpoints" / "evalset"
 MIN_PROMPT, MAX_PROMPT, CONTINUATION = 64, 256, 128
@@ -56,8 +59,12 @@ def build(tokenizer, n_max: int = 320) -> tuple[EvalSet, dict]:
     return es, meta
 
 
-def save(es: EvalSet, meta: dict, folder: Path = FOLDER) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
+def save(es: EvalSet, meta: dict, folder: Path) -> None:
+    """Write the set into `folder` (an existing one is replaced only once the new one is complete)."""
+    training.save_atomically(folder, lambda tmp: _write(es, meta, tmp))
+
+
+def _write(es: EvalSet, meta: dict, folder: Path) -> None:
     padded = torch.zeros(len(es), MAX_PROMPT, dtype=torch.int16)
     for i, p in enumerate(es.prompts):
         padded[i, : len(p)] = p
@@ -96,30 +103,40 @@ def load_evalset(folder: Path = FOLDER) -> EvalSet:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m minispec.targets.evalset build` writes the frozen set (once);
-    `python -m minispec.targets.evalset score bolt-mini` writes the model's scores to its eval.json."""
+    `python -m minispec.targets.evalset score bolt-mini` writes the model's scores to eval.json. Both write into
+    `--out`, by default in the user cache; the shipped files are rebuilt with `--out minispec/checkpoints/evalset`
+    and `--out minispec/checkpoints/<model>` (the model's other files are kept)."""
     import argparse
+    import shlex
 
     from transformers import AutoTokenizer
 
     p = argparse.ArgumentParser(prog="python -m minispec.targets.evalset")
     p.add_argument("command", choices=["build", "score"])
     p.add_argument("model", nargs="?", default="bolt-mini")
+    p.add_argument("--out", type=Path, help="build: the eval set's folder (default: ~/.cache/minispec/evalset); "
+                                            "score: the folder that gets eval.json (default: "
+                                            "~/.cache/minispec/models/<model>)")
     a = p.parse_args(argv)
     if a.command == "build":
+        out = a.out or data.cache_dir() / "evalset"
         tok = AutoTokenizer.from_pretrained(FOLDER.parent / "tokenizer")
         es, meta = build(tok)
-        save(es, meta)
-        print(f"{len(es)} prompts from {len(set(es.files))} files -> {FOLDER}")
+        save(es, meta, out)
+        print(f"{len(es)} prompts from {len(set(es.files))} files -> {out}; load it with ms.load_evalset({str(out)!r})")
         return
-    from minispec.targets.load import load_target, resolve
+    from minispec.targets.load import load_target
 
+    out = a.out or training.default_out(Path(a.model).name)
     model, _ = load_target(a.model)
     result = dict(score(model), first_40=score(model, limit=40))
-    (resolve(a.model) / "eval.json").write_text(json.dumps(
-        dict(result, command=f"python -m minispec.targets.evalset score {a.model}",
-             what="teacher-forced next-token loss (nats) and argmax accuracy on the 128-token continuations "
-                  "of the frozen eval set"), indent=1))
+    record = dict(result, command="python -m minispec.targets.evalset " + shlex.join(argv or sys.argv[1:]),
+                  what="teacher-forced next-token loss (nats) and argmax accuracy on the 128-token continuations "
+                       "of the frozen eval set")
+    training.save_atomically(out, lambda tmp: (tmp / "eval.json").write_text(json.dumps(record, indent=1)),
+                             copy_of=out)
     print(result)
+    print(f"wrote {out / 'eval.json'}")
 
 
 if __name__ == "__main__":

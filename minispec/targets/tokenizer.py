@@ -49,6 +49,9 @@ def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
 if __name__ == "__main__":
     import sys
 
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parents[1] / "checkpoints" / "tokenizer"
-    save_tokenizer(train_tokenizer(), out)
+    from minispec import training
+    from minispec.targets import data
+
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else data.cache_dir() / "tokenizer"
+    training.save_atomically(out, lambda tmp: save_tokenizer(train_tokenizer(), tmp))
     print(f"saved to {out}")

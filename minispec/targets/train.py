@@ -4,7 +4,9 @@ The data are seeded random windows of the corpus' train split, the loss the next
 the loop is `minispec.training.train_loop` (seeded, resumable from `train_state.pt` in the work dir
 every `--ckpt-every` steps, tqdm). The finished model is saved with `save_pretrained`
 in bfloat16 (to keep the package small) beside the tokenizer, with `training.json` recording the
-command, the data hash and the final validation loss of the saved (rounded) weights.
+command, the data hash and the final validation loss of the saved (rounded) weights, all in one
+`training.save_atomically` step: into `--out`, by default the user cache (~/.cache/minispec/models/<model>);
+the shipped checkpoint is rebuilt with `--out minispec/checkpoints/<model>`.
 """
 from __future__ import annotations
 
@@ -33,6 +35,13 @@ class Settings(training.Settings):
     weight_decay: float = 0.1
     seq_len: int = 512
     eval_windows: int = 64
+
+    BOOKKEEPING = training.Settings.BOOKKEEPING | {"eval_windows"}
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.seq_len < 2:
+            raise ValueError(f"seq_len must be >= 2 (a window predicts its tokens 2..L), got {self.seq_len}")
 
 
 # Per-model defaults; any field can be overridden on the command line.
@@ -69,7 +78,8 @@ def evaluate(model, windows: torch.Tensor, batch: int = 8) -> dict[str, float]:
     return {"loss": total_loss / count, "accuracy": correct / count}
 
 
-def train(name: str, out: Path, work_dir: Path, s: Settings) -> dict:
+def train(name: str, out: Path, work_dir: Path, s: Settings, command: str | None = None) -> dict:
+    """Train model `name` from scratch (resuming from `work_dir`), then save it into `out`; returns its record."""
     torch.manual_seed(s.seed)
     tok = AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer")
     train_ids = data.token_stream("train", tok)
@@ -78,16 +88,13 @@ def train(name: str, out: Path, work_dir: Path, s: Settings) -> dict:
     model = AutoModelForCausalLM.from_config(CONFIGS[name]())
     history = training.train_loop({"model": model}, training.adamw(model.parameters(), s), s,
                                   next_token_loss(model, train_ids, s), work_dir / "train_state.pt",
-                                  desc=f"train {name}")
+                                  desc=f"train {name}", must_match={"model": name})
 
     # Ship what the package loads: bf16 weights. Measure the loss of exactly those weights.
     model = model.to(torch.bfloat16).to(torch.float32)
     metrics = evaluate(model, val_windows)
-    out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(out)
-    tok.save_pretrained(out)
     record = {
-        "command": "python -m minispec.targets.train " + shlex.join(sys.argv[1:]),
+        "command": command or "python -m minispec.targets.train " + shlex.join(sys.argv[1:]),
         "model": name,
         "settings": asdict(s),
         "train_data_sha256": corpus.data_hash(corpus.iter_files("train")),
@@ -102,25 +109,31 @@ def train(name: str, out: Path, work_dir: Path, s: Settings) -> dict:
         "loss_history_every_10": history[::10],
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    (out / "training.json").write_text(json.dumps(record, indent=1))
+
+    def write(folder: Path) -> None:
+        model.to(torch.bfloat16).save_pretrained(folder)
+        tok.save_pretrained(folder)
+        (folder / "training.json").write_text(json.dumps(record, indent=1))
+
+    training.save_atomically(out, write)
     return record
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", choices=sorted(CONFIGS))
-    p.add_argument("--out", type=Path, help="output folder (default: the package's checkpoints)")
+    p.add_argument("--out", type=Path, help="output folder (default: ~/.cache/minispec/models/<model>; the shipped "
+                                            "one is rebuilt with --out minispec/checkpoints/<model>)")
     p.add_argument("--work-dir", type=Path, help="where resumable train state lives")
-    for field, default in asdict(Settings()).items():
-        p.add_argument("--" + field.replace("_", "-"), type=type(default),
-                       help=f"default: per model ({default} for bolt-mini)")
+    training.add_settings_arguments(p, Settings, help="default: per model ({} for bolt-mini)")
     a = p.parse_args(argv)
-    overrides = {k: getattr(a, k) for k in asdict(Settings()) if getattr(a, k) is not None}
-    settings = Settings(**(asdict(SETTINGS[a.model]) | overrides))
-    out = a.out or CHECKPOINTS / a.model
+    settings = training.settings_from_args(p, a, SETTINGS[a.model])
+    out = a.out or training.default_out(a.model)
     work_dir = a.work_dir or data.cache_dir() / "train" / a.model
-    record = train(a.model, out, work_dir, settings)
-    print(f"val loss {record['val_loss']:.4f}  accuracy {record['val_accuracy']:.4f}  -> {out}")
+    command = "python -m minispec.targets.train " + shlex.join(sys.argv[1:] if argv is None else argv)
+    record = train(a.model, out, work_dir, settings, command)
+    print(f"val loss {record['val_loss']:.4f}  accuracy {record['val_accuracy']:.4f}")
+    print(f"saved {out}; load it with ms.load_target({str(out)!r})")
 
 
 if __name__ == "__main__":

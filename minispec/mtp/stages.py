@@ -49,6 +49,7 @@ from minispec.mtp.sft import joint_loss
 from minispec.targets import corpus, data
 from minispec.targets.load import CHECKPOINTS
 from minispec.targets.replies import Replies, generate_replies
+from minispec.targets.tokenizer import load_shipped_tokenizer
 from minispec.targets.train import next_token_loss
 
 SFT_FOLDER = CHECKPOINTS / "lightning-mini"  # the stage-1 head lives beside its backbone (mtp.*)
@@ -73,12 +74,6 @@ def load_backbone(folder: Path = SFT_FOLDER):
     for p in model.parameters():
         p.requires_grad_(False)
     return model
-
-
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer")
 
 
 def shifted_stream(tok) -> torch.Tensor:
@@ -124,7 +119,7 @@ def train_sft(model, s: SFTSettings, work_dir: Path, stop_after: int | None = No
     backbone = [{**g, "scale": s.backbone_lr / s.lr} for g in groups]  # train_loop: lr x a group's "scale"
     opt = torch.optim.AdamW([{"params": list(head.parameters()), "weight_decay": 0.0, "scale": 1.0}, *backbone],
                             lr=s.lr, betas=(0.9, 0.95))
-    stream = data.token_stream("train", tokenizer())
+    stream = data.token_stream("train", load_shipped_tokenizer())
 
     def batch_loss(step: int):
         x = data.random_windows(stream, s.batch, s.seq_len, s.seed, step)
@@ -177,7 +172,7 @@ def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None, s
 
     torch.manual_seed(s.seed)
     model = AutoModelForCausalLM.from_pretrained(sft, dtype=torch.float32)
-    stream = shifted_stream(tokenizer())
+    stream = shifted_stream(load_shipped_tokenizer())
     # a resumed run must post-train the same stage-1 backbone ("origin")
     history = training.train_loop({"model": model}, training.adamw(model.parameters(), s), s,
                                   next_token_loss(model, stream, s), work_dir / "train_state.pt",
@@ -189,7 +184,7 @@ def post_train(s: PostSettings, work_dir: Path, stop_after: int | None = None, s
 # -- stage 3's data ------------------------------------------------------------------------------
 def corpus_replies(model, num: int = 512, prompt_len: int = 48, reply_len: int = 48, seed: int = 0) -> Replies:
     """Stage 3's data: `num` seeded train-split prompts and the model's T = 1 replies, cached on disk."""
-    return generate_replies(model, tokenizer(), num, prompt_len, reply_len, temperature=1.0, seed=seed,
+    return generate_replies(model, load_shipped_tokenizer(), num, prompt_len, reply_len, temperature=1.0, seed=seed,
                             prompt_step=-11)
 
 
@@ -267,7 +262,7 @@ def run_sft(args) -> Path:
     model, previous = pretrained_backbone(args.pretrained or training.default_out("lightning-mini"))
     head, history = train_sft(model, s, work_dir)
     model = model.to(torch.bfloat16).to(torch.float32)  # measure the weights that ship (bf16)
-    val = evaluate(model, data.sequential_windows(data.token_stream("val", tokenizer()), 512, 64))
+    val = evaluate(model, data.sequential_windows(data.token_stream("val", load_shipped_tokenizer()), 512, 64))
     last = history[-20:]
     record = {
         "stage": "1: joint SFT, backbone + MTP head (LM CE + mtp_weight x per-depth CE) on train-split windows",
@@ -281,7 +276,7 @@ def run_sft(args) -> Path:
 
     def write(folder: Path) -> None:
         model.to(torch.bfloat16).save_pretrained(folder)
-        tokenizer().save_pretrained(folder)
+        load_shipped_tokenizer().save_pretrained(folder)
         save_head(head, folder)
         _record(folder, "training.json", args.command, record)
 
@@ -294,7 +289,7 @@ def run_posttrain(args) -> Path:
 
     def write(folder: Path) -> None:
         model.to(torch.bfloat16).save_pretrained(folder)
-        tokenizer().save_pretrained(folder)
+        load_shipped_tokenizer().save_pretrained(folder)
         _record(folder, "training.json", args.command, {
             "stage": f"2: lightning-mini post-trained on train files under {SHIFT_PREFIX!r}", "settings": asdict(s),
             "loss_history": history})
@@ -351,7 +346,7 @@ def run_eval(args) -> Path:
     eval_ids = torch.stack([p[:64] for p in prompts])  # eval prompts hold >= 64 tokens
     shift = {"eval_prompts": distribution_shift(sft, post, eval_ids),
              "post_training_slice": distribution_shift(sft, post, data.random_windows(
-                 shifted_stream(tokenizer()), 16, 128, 1, step=-3))}
+                 shifted_stream(load_shipped_tokenizer()), 16, 128, 1, step=-3))}
     heads = {"stage-1 (SFT) head": MTPHead.from_pretrained(args.sft)}
     for name in boost_runs():
         heads[name] = MTPHead.from_pretrained(head_folder(name, args.post))

@@ -19,6 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from minispec import training
 from minispec.targets import corpus, data
+from minispec.targets.manifest import check_manifest
+from minispec.targets.tokenizer import load_shipped_tokenizer
 
 FOLDER = Path(__file__).resolve().parents[1] / "checkpoints" / "evalset"
 MIN_PROMPT, MAX_PROMPT, CONTINUATION = 64, 256, 128
@@ -94,6 +96,7 @@ def score(model, es: EvalSet | None = None, limit: int | None = None) -> dict[st
 
 
 def load_evalset(folder: Path = FOLDER) -> EvalSet:
+    check_manifest(folder)
     t = load_file(folder / "eval.safetensors")
     lengths = t["prompt_lengths"].long().tolist()
     prompts = [t["prompts"][i, :n].long() for i, n in enumerate(lengths)]
@@ -109,8 +112,6 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import shlex
 
-    from transformers import AutoTokenizer
-
     p = argparse.ArgumentParser(prog="python -m minispec.targets.evalset")
     p.add_argument("command", choices=["build", "score"])
     p.add_argument("model", nargs="?", default="bolt-mini")
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.command == "build":
         out = a.out or data.cache_dir() / "evalset"
-        tok = AutoTokenizer.from_pretrained(FOLDER.parent / "tokenizer")
+        tok = load_shipped_tokenizer()
         es, meta = build(tok)
         save(es, meta, out)
         print(f"{len(es)} prompts from {len(set(es.files))} files -> {out}; load it with ms.load_evalset({str(out)!r})")

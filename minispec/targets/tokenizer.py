@@ -46,6 +46,17 @@ def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
     fast.save_pretrained(folder)
 
 
+def load_shipped_tokenizer():
+    """The tokenizer every shipped toy model uses (`minispec/checkpoints/tokenizer`), its SHA256SUMS checked."""
+    from transformers import AutoTokenizer
+
+    from minispec.targets.manifest import check_manifest
+
+    folder = Path(__file__).resolve().parents[1] / "checkpoints" / "tokenizer"
+    check_manifest(folder, rebuild="python -m minispec.targets.tokenizer minispec/checkpoints/tokenizer")
+    return AutoTokenizer.from_pretrained(folder)
+
+
 if __name__ == "__main__":
     import sys
 

@@ -19,11 +19,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from minispec import training
 from minispec.targets import corpus, data
 from minispec.targets.configs import CONFIGS
+from minispec.targets.tokenizer import load_shipped_tokenizer
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
@@ -81,7 +82,7 @@ def evaluate(model, windows: torch.Tensor, batch: int = 8) -> dict[str, float]:
 def train(name: str, out: Path, work_dir: Path, s: Settings, command: str | None = None) -> dict:
     """Train model `name` from scratch (resuming from `work_dir`), then save it into `out`; returns its record."""
     torch.manual_seed(s.seed)
-    tok = AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer")
+    tok = load_shipped_tokenizer()
     train_ids = data.token_stream("train", tok)
     val_windows = data.sequential_windows(data.token_stream("val", tok), s.seq_len, s.eval_windows)
 

@@ -20,7 +20,8 @@ Block keys are always visible (the wrapper requires W >= T).
 
 Numerics: scores, softmax statistics and the accumulator are float32. float32 inputs use IEEE
 products (no TF32), so the kernel matches the reference to ~1e-6; 16-bit inputs multiply in their own
-precision with float32 accumulation.
+precision with float32 accumulation; float64 tiles multiply in float64 and their products are cast to
+float32 (a GPU compile refuses a loop whose running max changes type; the interpreter does not).
 
 Interpreter gap (triton 3.9): under TRITON_INTERPRET=1, `tl.dot` on bfloat16 operands returns garbage
 (off by ~1e10 on a 16x16 product; float16 and float32 are fine). So when this module was imported for
@@ -44,7 +45,7 @@ def _online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
     p = tl.exp(s - m_safe[:, None])
     alpha = tl.exp(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION).to(tl.float32)
     return acc, m_new, l_i
 
 
@@ -93,7 +94,7 @@ def _dflash_attention_kernel(
                     mask=kv_mask, other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
         visible = row_ok[:, None] & col_ok[None, :]
         if HAS_WINDOW:
             visible = visible & ((ctx_len - cols)[None, :] + t[:, None] < window)
@@ -111,7 +112,7 @@ def _dflash_attention_kernel(
     k = tl.load(kb_ptr + b * skb_b + cols[:, None] * skb_t + g * skb_h + d[None, :] * skb_d, mask=kv_mask, other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
     s = tl.where(row_ok[:, None] & col_ok[None, :], s, float("-inf"))
     v = tl.load(vb_ptr + b * svb_b + cols[:, None] * svb_t + g * svb_h + d[None, :] * svb_d, mask=kv_mask, other=0.0)
     if UPCAST:

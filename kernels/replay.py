@@ -6,9 +6,10 @@ One program owns one (sequence b, head h); head h reads B/C group h // (H/G). Pe
 
 verify  the L = start + T records' log-decays l_i = dt_i A_h are loaded once and prefix-summed
         (cum); the window's C [T, N] and the checkpoint S0 [P, N] give the checkpoint term
-        exp(cum_w) (S0 C_s); then one pass over the records adds (C_s . B_i) dt_i exp(cum_w - cum_i) x_i
-        for every window row s with i <= start + s (the causal mask over the window), and D x_s.
-        Nothing but y is stored: this is the step that keeps the state read-only.
+        exp(cum_w) (S0 C_s), summed one state column at a time; then one pass over the records adds
+        (C_s . B_i) dt_i exp(cum_w - cum_i) x_i for every window row s with i <= start + s (the causal
+        mask over the window), and D x_s. Nothing but y is stored: this is the step that keeps the
+        state read-only.
 flush   one pass over the records: S = exp(cum_L) S0 + sum_i exp(cum_L - cum_i) dt_i x_i B_i^T,
         stored once.
 
@@ -43,11 +44,17 @@ def _replay_verify_kernel(
     rows = start + rs  # the record each window row reads up to
     cum_w = tl.sum(tl.where(ri[None, :] == rows[:, None], cum[None, :], 0.0), axis=1)  # [BT]
 
+    # Checkpoint term S0 C_s, one state column n at a time: a [BT, BP, BN] product in registers would
+    # need 64K floats per program at Super's heads (T = 8, P = 64, N = 128), far past the register file.
+    y = tl.zeros([BLOCK_T, BLOCK_P], tl.float32)
+    for n in range(0, N):
+        C_n = tl.load(c_ptr + ((b * T + rs) * G + g) * N + n, mask=rs < T, other=0.0)  # [BT]
+        S0_n = tl.load(s0_ptr + ((b * H + h) * P + rp) * N + n, mask=rp < P, other=0.0)  # [BP]
+        y += C_n[:, None] * S0_n[None, :]
+    y = y * tl.exp(cum_w)[:, None]  # [BT, BP]
+
     mask_tn = (rs[:, None] < T) & (rn[None, :] < N)
     C = tl.load(c_ptr + ((b * T + rs[:, None]) * G + g) * N + rn[None, :], mask=mask_tn, other=0.0)  # [BT, BN]
-    mask_pn = (rp[:, None] < P) & (rn[None, :] < N)
-    S0 = tl.load(s0_ptr + ((b * H + h) * P + rp[:, None]) * N + rn[None, :], mask=mask_pn, other=0.0)  # [BP, BN]
-    y = tl.sum(C[:, None, :] * S0[None, :, :], axis=2) * tl.exp(cum_w)[:, None]  # [BT, BP] checkpoint term
 
     for i in range(0, L):
         x_i = tl.load(x_ptr + ((b * L + i) * H + h) * P + rp, mask=rp < P, other=0.0)  # [BP]

@@ -8,8 +8,9 @@
 """
 from minispec.backend import enable_interpreter_if_needed
 
-# Must run before anything imports triton: on a CPU-only machine, MINISPEC_BACKEND=triton means
-# "run the kernels under the Triton interpreter".
+# On a CPU-only machine MINISPEC_BACKEND=triton means "run the kernels under the Triton interpreter".
+# Switched on as early as possible: Triton reads TRITON_INTERPRET when it decorates a function (what is
+# redone when triton was imported before minispec is in minispec/backend.py).
 enable_interpreter_if_needed()
 
 from minispec.drafters import load_drafter

@@ -19,6 +19,8 @@ import torch
 
 import minispec as ms
 from minispec.bench.timing import timed
+from minispec.cli import non_negative_int, positive_int, temperature
+from minispec.speculative.autoregressive import check_generation_args
 from minispec.viz import AnsiStrip
 
 # The drafter each target runs by default: SmolLM2's own DFlash drafter; on bolt-mini the n-gram drafter,
@@ -52,8 +54,10 @@ def demo(args) -> None:
         model, tok = ms.load_target(args.target)
         prompt, title, shown = load_prompt(tok, args.prompt)
         drafter = ms.load_drafter(drafter_name, model, policy=args.policy)
+        check_generation_args(model, prompt, args.max_new_tokens, args.temperature, None, None, None)
     except (ModuleNotFoundError, FileNotFoundError, ValueError) as err:
-        # A missing package or checkpoint, or a bad name or index: the loader's message names the fix.
+        # A missing package or checkpoint, a bad name or index, or a prompt too long for the model: the
+        # message names the fix.
         sys.exit(f"python -m minispec demo: {err}")
     print(f"{args.target} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters), "
           f"drafter {drafter_name}, K={drafter.num_draft_tokens}, T={args.temperature}")
@@ -90,12 +94,12 @@ def main(argv: list[str] | None = None) -> None:
                    help=f"a drafter name or folder; default per target {DEFAULT_DRAFTERS}, else ngram")
     d.add_argument("--policy", choices=["argmax", "sample"], default=None,
                    help="a DFlash drafter's drafting policy (default argmax; both exact)")
-    d.add_argument("--question", "--prompt", dest="prompt", type=int, default=None,
+    d.add_argument("--question", "--prompt", dest="prompt", type=non_negative_int, default=None,
                    help=f"MT-Bench question for a chat target (default {DEFAULT_QUESTION}), else index into the "
                         "frozen eval set (default 0)")
-    d.add_argument("--max-new-tokens", type=int, default=128)
-    d.add_argument("--temperature", type=float, default=0.0)
-    d.add_argument("--threads", type=int, default=torch.get_num_threads())
+    d.add_argument("--max-new-tokens", type=positive_int, default=128)
+    d.add_argument("--temperature", type=temperature, default=0.0, help="0 = greedy")
+    d.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
     demo(p.parse_args(argv))
 
 

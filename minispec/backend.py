@@ -5,12 +5,19 @@
     torch   always the reference;
     triton  always the kernel; CPU tensors then run under Triton's interpreter.
 
-When Triton reads TRITON_INTERPRET: in triton 3.9 it is read afresh each time `@triton.jit` decorates
-a function (`triton.knobs.runtime.interpret`), which happens when a kernel module is imported. It is
-not read at `import triton`, and a launch does not look at it again: a kernel decorated without it
-stays compiled for a GPU for the life of the process. So the interpreter must be switched on before
-`minispec.kernels.<module>` is first imported. Kernel modules are imported lazily, on first use,
-which gives `enable_interpreter_if_needed` the chance to do that.
+When Triton reads TRITON_INTERPRET: in triton 3.9, each time `@triton.jit` decorates a function
+(`triton.knobs.runtime.interpret`); a launch does not look at it again. Two kinds of function are
+decorated at two different times:
+- Triton's own library (`tl.max`, `tl.sum`, `tl.cumsum`, ... in triton.language.standard and
+  .random) when triton is first imported. Loading a model with transformers imports it (through
+  torchao), as do torch.compile and torchao themselves, often before minispec could set the variable.
+  Compiled for a GPU, these fail inside an interpreted kernel ("Cannot call @triton.jit'd outside of
+  the scope of a kernel"): `_kernel_module` then executes those modules again, for the interpreter.
+- minispec's kernels when `minispec.kernels.<module>` is imported, which happens lazily, on first use,
+  after `enable_interpreter_if_needed`. A kernel module already imported compiled for a GPU (e.g. by
+  `import minispec.kernels.sampling` before MINISPEC_BACKEND=triton was set) and handed CPU tensors on
+  a machine without CUDA is imported again, for the interpreter.
+TRITON_INTERPRET=0 set by the user, or CPU tensors on a CUDA machine, give an error that says so.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import sys
 
 import torch
 
@@ -78,34 +86,67 @@ def _lazy_kernel(spec: str):
     """The kernel named by `spec`, imported on its first call, with the checks that stop it misrunning."""
     module_name, function_name = spec.split(":")
 
-    @functools.cache
-    def load():
-        enable_interpreter_if_needed()
-        try:
-            importlib.import_module("triton")
-        except ImportError as e:
-            raise RuntimeError(
-                f"the Triton kernel {spec} cannot run because triton does not import ({e}). Triton "
-                "needs Linux; set MINISPEC_BACKEND=torch (or auto) to run the PyTorch reference."
-            ) from e
-        module = importlib.import_module(f"minispec.kernels.{module_name}")
-        return getattr(module, function_name), _compiled_for_gpu(module)
-
     def kernel(*args, **kwargs):
-        fn, compiled_for_gpu = load()
-        if compiled_for_gpu and not any(t.is_cuda for t in _tensors(args, kwargs)):
-            raise RuntimeError(
-                f"the Triton kernel {spec} got CPU tensors, but minispec.kernels.{module_name} was "
-                "imported without TRITON_INTERPRET=1, so Triton compiled it for a GPU. Triton reads "
-                "TRITON_INTERPRET when a kernel module is imported: set TRITON_INTERPRET=1 before "
-                "importing minispec (MINISPEC_BACKEND=triton does that on a machine without CUDA, "
-                "unless TRITON_INTERPRET is already set), or pass CUDA tensors."
-            )
-        return fn(*args, **kwargs)
+        on_cpu = not any(t.is_cuda for t in _tensors(args, kwargs))
+        return getattr(_kernel_module(module_name, spec, on_cpu), function_name)(*args, **kwargs)
 
     return kernel
 
 
+def _kernel_module(module_name: str, spec: str, on_cpu: bool):
+    """`minispec.kernels.<module_name>`, imported so that it can run on the tensors it is given."""
+    enable_interpreter_if_needed()
+    try:
+        importlib.import_module("triton")
+    except ImportError as e:
+        raise RuntimeError(
+            f"the Triton kernel {spec} cannot run because triton does not import ({e}). Triton "
+            "needs Linux; set MINISPEC_BACKEND=torch (or auto) to run the PyTorch reference."
+        ) from e
+    interpreting = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")  # as Triton reads it
+    if interpreting:
+        _triton_language_for_interpreter()
+    module = importlib.import_module(f"minispec.kernels.{module_name}")
+    if not (on_cpu and _compiled_for_gpu(module)):
+        return module
+    if interpreting:
+        return _import_kernels_for_interpreter(module.__name__)
+    raise RuntimeError(
+        f"the Triton kernel {spec} got CPU tensors, but minispec.kernels.{module_name} was imported "
+        f"without TRITON_INTERPRET=1 (it is {os.environ.get('TRITON_INTERPRET', 'unset')}), so Triton "
+        "compiled it for a GPU. Pass CUDA tensors, or set TRITON_INTERPRET=1 before importing minispec "
+        "to run the kernels in Triton's interpreter on the CPU (MINISPEC_BACKEND=triton does that on a "
+        "machine without CUDA unless TRITON_INTERPRET is already set)."
+    )
+
+
+def _triton_language_for_interpreter() -> None:
+    """Decorate Triton's own @triton.jit library for the interpreter, if triton was imported without it.
+
+    Executing triton.language.standard and .random again makes their functions (and the tensor
+    methods they add, `x.sum()`) interpreted ones; executing triton.language again rebinds `tl.max`
+    and the other names it re-exports. Done only when TRITON_INTERPRET=1 asks for the interpreter.
+    """
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(tl.standard.max, JITFunction):
+        for module in (tl.standard, tl.random, tl):
+            importlib.reload(module)
+
+
+def _import_kernels_for_interpreter(name: str):
+    """Import every kernel module again, now that TRITON_INTERPRET=1, and return module `name`.
+
+    All of them at once: a kernel module imports helpers from another (gemm from nvfp4), and those
+    must be interpreted too. Whoever kept a reference to an old module keeps its GPU kernels.
+    """
+    for loaded in [m for m in sys.modules if m.startswith("minispec.kernels.")]:
+        del sys.modules[loaded]
+    return importlib.import_module(name)
+
+
+@functools.cache
 def _compiled_for_gpu(module) -> bool:
     # Under the interpreter `@triton.jit` makes an InterpretedFunction, which is not a JITFunction.
     from triton.runtime.jit import JITFunction

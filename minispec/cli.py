@@ -53,3 +53,15 @@ def _finite(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
+
+
+def temperature(text: str) -> float:
+    """A sampling temperature: 0 (greedy) or one the samplers accept (`check_sampling_args`)."""
+    from minispec.speculative.sampling import check_sampling_args
+
+    value = non_negative_float(text)
+    try:
+        check_sampling_args(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value

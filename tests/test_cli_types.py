@@ -24,3 +24,10 @@ def test_good_values_parse_and_bad_ones_name_the_flag(kind, good, bad, words):
         with pytest.raises(argparse.ArgumentError, match=words) as err:
             parse(kind, value)
         assert "--flag" in str(err.value)
+
+
+def test_a_temperature_is_zero_or_one_the_samplers_accept():
+    assert parse(cli.temperature, "0") == 0.0 and parse(cli.temperature, "0.7") == 0.7
+    for value in ["1e-45", "-1", "nan"]:
+        with pytest.raises(argparse.ArgumentError, match="--flag"):
+            parse(cli.temperature, value)

@@ -14,7 +14,15 @@ import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from minispec import backend
-from minispec.speculative.sampling import check_sampling_args, greedy, next_token, sample, sampling_probs, top_p_mask
+from minispec.speculative.sampling import (
+    MIN_TEMPERATURE,
+    check_sampling_args,
+    greedy,
+    next_token,
+    sample,
+    sampling_probs,
+    top_p_mask,
+)
 
 ATOL = 1e-6
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -112,12 +120,34 @@ def test_matches_hugging_face_warpers_on_distinct_logits(temperature, top_k, top
 
 @pytest.mark.parametrize("args,name", [
     ((-0.5, None, None), "temperature"), ((math.nan, None, None), "temperature"),
-    ((math.inf, None, None), "temperature"), ((1.0, 0, None), "top_k"), ((1.0, 2.5, None), "top_k"),
-    ((1.0, None, 0.0), "top_p"), ((1.0, None, 1.5), "top_p"), ((1.0, None, math.nan), "top_p"),
+    ((math.inf, None, None), "temperature"), ((1e-45, None, None), "temperature must be 0 .greedy. or at least"),
+    ((1.0, 0, None), "top_k"), ((1.0, None, 0.0), "top_p"), ((1.0, None, 1.5), "top_p"),
+    ((1.0, None, math.nan), "top_p"),
 ])
 def test_bad_sampling_args_name_the_argument(args, name):
     with pytest.raises(ValueError, match=name):
         check_sampling_args(*args)
+
+
+@pytest.mark.parametrize("args,name", [
+    (("1", None, None), "temperature must be a number"), ((True, None, None), "temperature must be a number"),
+    ((1.0, 2.5, None), "top_k must be an int"), ((1.0, True, None), "top_k must be an int"),
+    ((1.0, None, "0.9"), "top_p must be a number"),
+])
+def test_wrong_sampling_arg_types_name_the_argument(args, name):
+    with pytest.raises(TypeError, match=name):
+        check_sampling_args(*args)
+
+
+# Under the interpreter NumPy warns when (logit - max) / T rounds to -inf: that is the intended result.
+@pytest.mark.filterwarnings("ignore:overflow encountered in divide:RuntimeWarning")
+@pytest.mark.parametrize("fn", [reference, kernel], ids=["reference", "kernel"])
+def test_tiny_temperature_is_the_limit_distribution(fn):
+    """logits / T overflows float32 at T = 1e-37; subtracting the row's max first keeps every z <= 0, so a
+    tiny temperature gives the T -> 0 limit: all the mass on the argmax, split evenly on a tie."""
+    logits = torch.tensor([[10.0, 50.0, -3.0, 49.0], [7.0, 7.0, 1.0, -20.0]])
+    for T in (MIN_TEMPERATURE, 1e-37, 1e-30):
+        assert torch.equal(fn(logits, T), torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]))
 
 
 @pytest.mark.parametrize("fn", [reference, kernel], ids=["reference", "kernel"])

@@ -16,15 +16,17 @@ import torch
 
 from minispec.bench.decoding import bench_ar, bench_spec
 from minispec.bench.dflash import DFLASH_DRAFTERS, bench_dflash
+from minispec.bench.gpu import bench_gpu
 from minispec.bench.kl import bench_kl
 from minispec.bench.mtp import bench_mtp
 from minispec.bench.nvfp4 import bench_nvfp4
 from minispec.bench.replay import bench_replay
 from minispec.bench.timing import machine, print_table
+from minispec.cli import positive_int, temperature
 from minispec.dflash.drafter import POLICIES
 
 BENCHES = {"ar": bench_ar, "spec": bench_spec, "kl": bench_kl, "dflash": bench_dflash, "replay": bench_replay,
-           "mtp": bench_mtp, "nvfp4": bench_nvfp4}
+           "mtp": bench_mtp, "nvfp4": bench_nvfp4, "gpu": bench_gpu}
 # Options whose default depends on the benchmark; anything not listed defaults to DEFAULTS.
 DEFAULTS = {"max_new_tokens": 64, "temperatures": [0.0, 1.0], "threads": None}
 BENCH_DEFAULTS = {"dflash": {"max_new_tokens": 128, "temperatures": [0.0, 0.5, 1.0], "threads": 2}}
@@ -35,25 +37,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("name", choices=sorted(BENCHES))
     p.add_argument("--target", default="bolt-mini",
                    help="ar, spec, dflash: the target, a shipped name, smollm2-135m or a local folder")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--max-new-tokens", type=int, help="default 64; dflash: 128")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's own; dflash: 2)")
-    p.add_argument("--prompts", type=int, default=8,
+    p.add_argument("--batch", type=positive_int, nargs="+", default=[1, 8])
+    p.add_argument("--max-new-tokens", type=positive_int, help="default 64; dflash: 128")
+    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's own; dflash: 2)")
+    p.add_argument("--prompts", type=positive_int, default=8,
                    help="spec, dflash, mtp, replay: how many benchmark prompts are timed (batch 1 each)")
     p.add_argument("--drafters", nargs="+", default=["ngram", "bolt-nano"], help="spec: drafters to compare")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=temperature, default=0.0)
     p.add_argument("--drafter", help="dflash: the DFlash drafter (default: the target's shipped one, "
                                      f"{DFLASH_DRAFTERS})")
     p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                    help="dflash: the drafting policies to measure")
-    p.add_argument("--temperatures", type=float, nargs="+",
+    p.add_argument("--temperatures", type=temperature, nargs="+",
                    help="dflash, mtp: temperatures of the acceptance runs (default 0 1; dflash: 0 0.5 1)")
-    p.add_argument("--timing-temperatures", type=float, nargs="+", default=[0.0],
+    p.add_argument("--timing-temperatures", type=temperature, nargs="+", default=[0.0],
                    help="dflash: temperatures of the batch-1 wall-clock runs (Hugging Face's rows: T = 0 only)")
-    p.add_argument("--eval-prompts", type=int,
+    p.add_argument("--eval-prompts", type=positive_int,
                    help="dflash: prompts for acceptance (default: all, 241 eval prompts or MT-Bench's 80)")
-    p.add_argument("--eval-batch", type=int, default=16, help="dflash: batch size of the acceptance runs")
+    p.add_argument("--eval-batch", type=positive_int, default=16, help="dflash: batch size of the acceptance runs")
+    p.add_argument("--dry-run", action="store_true", help="gpu: plan every row, shape and byte count without CUDA")
     p.add_argument("--json", type=Path, help="where to write the rows (default bench-results/NAME.json)")
     args = p.parse_args(argv)
     for key, value in {**DEFAULTS, **BENCH_DEFAULTS.get(args.name, {})}.items():

@@ -41,7 +41,7 @@ from minispec.dflash.model import DFlashCache, DFlashDraftModel
 from minispec.drafters.base import Proposal, Sampling
 from minispec.speculative import sampling as smp
 from minispec.speculative.batch import PromptBatch
-from minispec.speculative.target import TargetOutput
+from minispec.speculative.output import TargetOutput
 
 POLICIES = ("argmax", "sample")
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from minispec.drafters.base import Drafter, Proposal, Sampling
+from minispec.drafters.base import Drafter, Proposal, Sampling, check_num_draft_tokens
 from minispec.drafters.draft_lm import DraftLMDrafter
 from minispec.drafters.ngram import NGramDrafter
 
 # Shipped draft models: name -> the command that builds its folder under minispec/checkpoints/.
-DRAFT_MODELS = {"bolt-nano": "python -m minispec.targets.train bolt-nano",
-                "bolt-mini-dflash": "python -m minispec.dflash.train --target bolt-mini, then python -m "
-                                    "minispec.dflash.train --init-from minispec/checkpoints/bolt-mini-dflash "
+DRAFT_MODELS = {"bolt-nano": "python -m minispec.targets.train bolt-nano --out minispec/checkpoints/bolt-nano",
+                "bolt-mini-dflash": "python -m minispec.dflash.train --target bolt-mini --out minispec/checkpoints/"
+                                    "bolt-mini-dflash, then python -m minispec.dflash.train --init-from "
+                                    "minispec/checkpoints/bolt-mini-dflash --out minispec/checkpoints/bolt-mini-dflash "
                                     "--steps 700 --greedy-replies 2048 --num-anchors 96 --lr 1.5e-3 --work-dir "
                                     "~/.cache/minispec/train/bolt-mini-dflash-2",
-                "smollm2-135m-dflash": "python -m minispec.dflash.train --target smollm2-135m"}
+                "smollm2-135m-dflash": "python -m minispec.dflash.train --target smollm2-135m --out "
+                                       "minispec/checkpoints/smollm2-135m-dflash"}
 
 
 def is_dflash_folder(folder) -> bool:
@@ -33,8 +35,12 @@ def load_drafter(name_or_path, target, num_draft_tokens: int | None = None, poli
     """
     from transformers import AutoModelForCausalLM
 
+    from minispec.speculative.target import check_target
     from minispec.targets.load import resolve
 
+    check_target(target)
+    if num_draft_tokens is not None:
+        check_num_draft_tokens(num_draft_tokens)
     kwargs = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
     folder = None if name_or_path in ("ngram", "mtp") else resolve(name_or_path, DRAFT_MODELS, kind="drafter",
                                                                    also=["ngram", "mtp"])

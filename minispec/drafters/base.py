@@ -11,12 +11,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Protocol
 
 import torch
 
 from minispec.speculative.batch import PromptBatch
-from minispec.speculative.target import TargetOutput
+from minispec.speculative.output import TargetOutput
 
 
 @dataclass(frozen=True)
@@ -45,3 +46,25 @@ class Drafter(Protocol):
                 generator: torch.Generator | None) -> Proposal: ...
 
     def commit(self, accepted: torch.Tensor, tokens: torch.Tensor, target_out: TargetOutput) -> None: ...
+
+
+def check_num_draft_tokens(k) -> None:
+    """TypeError / ValueError unless K, the number of draft tokens per cycle, is an int >= 1 (not a bool)."""
+    if isinstance(k, bool) or not isinstance(k, Integral):
+        raise TypeError(f"the number of draft tokens K must be an int >= 1, got {type(k).__name__} {k!r}")
+    if k < 1:
+        raise ValueError(f"the number of draft tokens K must be an int >= 1, got {k!r}")
+
+
+def check_drafter(drafter, vocab_size: int) -> None:
+    """TypeError unless `drafter` implements the protocol above; ValueError unless it drafts in the target's
+    vocabulary of `vocab_size` ids."""
+    missing = [name for name in ("vocab_size", "num_draft_tokens", "needs_hidden_states", "begin", "propose", "commit")
+               if not hasattr(drafter, name)]
+    if missing:
+        hint = f": load it first, ms.load_drafter({drafter!r}, target)" if isinstance(drafter, str) else ""
+        raise TypeError(f"the drafter must implement minispec.drafters.base.Drafter (missing {', '.join(missing)}), "
+                        f"got {type(drafter).__name__}{hint}")
+    if drafter.vocab_size != vocab_size:
+        raise ValueError(f"drafter vocab size {drafter.vocab_size} != target vocab size {vocab_size}: "
+                         "drafter and target must share one tokenizer")

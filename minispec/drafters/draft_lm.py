@@ -11,24 +11,27 @@ from __future__ import annotations
 
 import torch
 
-from minispec.drafters.base import Proposal, Sampling
+from minispec.drafters.base import Proposal, Sampling, check_num_draft_tokens
 from minispec.speculative import sampling as smp
 from minispec.speculative.batch import PromptBatch
-from minispec.speculative.target import HFTarget, TargetOutput
+from minispec.speculative.output import TargetOutput
+from minispec.speculative.target import target_adapter
 
 
 class DraftLMDrafter:
     needs_hidden_states = False
 
     def __init__(self, model, num_draft_tokens: int = 4, argmax_drafts: bool = False):
+        check_num_draft_tokens(num_draft_tokens)
         self.model = model
         self.argmax_drafts = argmax_drafts
-        self.lm = HFTarget(model)
+        self.lm = target_adapter(model)
         self.vocab_size = model.config.vocab_size
         self.num_draft_tokens = num_draft_tokens
         self._k = 0
 
     def begin(self, batch: PromptBatch, target_out: TargetOutput) -> None:
+        self.lm.check_speculative(batch)  # its drafts are rolled back as the target's are
         self.lm.prefill(batch)
 
     @torch.no_grad()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from minispec.drafters.base import Proposal, Sampling
+from minispec.drafters.base import Proposal, Sampling, check_num_draft_tokens
 from minispec.speculative.batch import PromptBatch
-from minispec.speculative.target import TargetOutput
+from minispec.speculative.output import TargetOutput
 
 
 def lookup(history: list[int], k: int, max_n: int, min_n: int) -> list[int]:
@@ -28,6 +28,7 @@ class NGramDrafter:
     needs_hidden_states = False
 
     def __init__(self, vocab_size: int, num_draft_tokens: int = 4, max_n: int = 4, min_n: int = 1):
+        check_num_draft_tokens(num_draft_tokens)
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.vocab_size, self.num_draft_tokens = vocab_size, num_draft_tokens

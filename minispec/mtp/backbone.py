@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minispec.speculative.target import TargetOutput
+from minispec.speculative.output import TargetOutput
 
 
 @dataclass

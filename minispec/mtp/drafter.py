@@ -28,7 +28,7 @@ from minispec.mtp.backbone import Backbone, check_head_fits
 from minispec.mtp.head import MTPCache, MTPHead
 from minispec.speculative import sampling as smp
 from minispec.speculative.batch import PromptBatch
-from minispec.speculative.target import TargetOutput
+from minispec.speculative.output import TargetOutput
 
 
 def check_k(k) -> None:

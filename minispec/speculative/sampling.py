@@ -6,7 +6,12 @@ logits into probabilities here, so target and drafter always mean the same thing
 distribution `sampling_probs` returns.
 
 The order is temperature -> top-k -> top-p, as in Hugging Face's `generate` and in vLLM:
-  1. temperature reshapes the distribution, z = logits / temperature;
+  1. temperature reshapes the distribution, z = (logits - max logit) / temperature. Subtracting the
+     row's largest logit first changes nothing in the softmax, and makes the largest z exactly 0 and
+     every other z <= 0: logits / T alone overflows float32 to +inf (and the softmax to NaN) once
+     T is tiny (logit 10 at T = 1e-38). Any temperature from float32's smallest normal number
+     (MIN_TEMPERATURE, 1.2e-38) up is then safe; below it T itself may be flushed to 0 (on GPUs,
+     and when torch converts it to float32), so smaller positive temperatures are refused;
   2. top-k keeps the k largest z. Dividing by a positive temperature keeps the order, so top-k keeps
      the same tokens before or after it;
   3. top-p keeps the most likely tokens up to mass top_p of softmax(z) over the top-k survivors. This
@@ -21,21 +26,36 @@ sorting; `MINISPEC_BACKEND` picks between them (minispec/backend.py).
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 
 import torch
 import torch.nn.functional as F
 
 from minispec.backend import dispatch
 
+MIN_TEMPERATURE = torch.finfo(torch.float32).tiny  # the smallest positive temperature (see step 1 above)
 
-def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise ValueError naming the bad argument: temperature >= 0 and finite, top_k >= 1, top_p in (0, 1]."""
+
+def check_sampling_args(temperature: float, top_k: int | None = None, top_p: float | None = None) -> None:
+    """Raise TypeError for a wrong type, ValueError for a bad value, naming the argument: temperature 0
+    (greedy) or finite and >= MIN_TEMPERATURE, top_k an int >= 1, top_p in (0, 1]. A bool is not a number here."""
+    if isinstance(temperature, bool) or not isinstance(temperature, Real):
+        raise TypeError(f"temperature must be a number, got {type(temperature).__name__} {temperature!r}")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be finite and >= 0, got {temperature!r}")
-    if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
-        raise ValueError(f"top_k must be an int >= 1 or None, got {top_k!r}")
-    if top_p is not None and not (0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:.8g}, float32's smallest "
+                         f"normal number (logits are divided by it in float32), got {temperature!r}")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, Integral):
+            raise TypeError(f"top_k must be an int >= 1 or None, got {type(top_k).__name__} {top_k!r}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be an int >= 1 or None, got {top_k!r}")
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, Real):
+            raise TypeError(f"top_p must be a number in (0, 1] or None, got {type(top_p).__name__} {top_p!r}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
 
 
 def check_logits(logits: torch.Tensor) -> None:
@@ -67,9 +87,12 @@ def top_p_mask(p: torch.Tensor, top_p: float) -> torch.Tensor:
     <= 1 - top_p). It also treats equally likely tokens alike, always keeps the most likely token
     (nothing is above it), and needs no sort, which is what lets the kernel avoid one. The reference
     sorts anyway because that is the shortest way to compute it here.
+    The masses are float64 sums compared with top_p in float64: a float32 sum near 1 rounds by up to 6e-8,
+    as much as a tail token weighs, and would keep or cut it by accident (torch's CUDA cumsum also sums
+    float32 in float32).
     """
     descending = p.sort(dim=-1, descending=True).values
-    mass_before = F.pad(descending.cumsum(dim=-1)[..., :-1], (1, 0))  # mass ranked above each position
+    mass_before = F.pad(descending.double().cumsum(dim=-1)[..., :-1], (1, 0))  # mass ranked above each position
     n_above = torch.searchsorted(-descending, -p)  # number of tokens strictly more likely than each token
     return mass_before.gather(-1, n_above) < top_p
 
@@ -87,10 +110,11 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     if temperature == 0:
         return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
 
-    z = logits.float() / temperature
+    z = logits.float()
+    z = (z - z.max(dim=-1, keepdim=True).values) / temperature
     if top_k is not None:
         z = z.masked_fill(~top_k_mask(z, top_k), -math.inf)
-    p = z.softmax(dim=-1)
+    p = z.softmax(dim=-1, dtype=torch.float64).float()  # float32's own softmax sums its denominator in float32
     if top_p is not None and top_p < 1:
         p = p.masked_fill(~top_p_mask(p, top_p), 0.0)
         p = p / p.sum(dim=-1, keepdim=True)

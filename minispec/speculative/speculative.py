@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minispec.drafters.base import Drafter, Sampling
+from minispec.drafters.base import Drafter, Sampling, check_drafter, check_num_draft_tokens
 from minispec.speculative import sampling as smp
-from minispec.speculative.autoregressive import Generation, check_generation_args, special_ids
-from minispec.speculative.batch import as_prompt_batch, check_vocab_ids
+from minispec.speculative.autoregressive import Generation, check_generation_args
 from minispec.speculative.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token
 from minispec.speculative.target import target_adapter
 from minispec.speculative.verify import verify
@@ -28,14 +27,6 @@ from minispec.speculative.verify import verify
 @dataclass
 class SpecGeneration(Generation):
     stats: SpecStats = field(default_factory=SpecStats)
-
-
-def check_drafter(target_config, drafter: Drafter, k: int) -> None:
-    if drafter.vocab_size != target_config.vocab_size:
-        raise ValueError(f"drafter vocab size {drafter.vocab_size} != target vocab size {target_config.vocab_size}: "
-                         "drafter and target must share one tokenizer")
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"the number of draft tokens K must be an int >= 1, got {k!r}")
 
 
 def cycle_records(cycle: int, active: list[int], drafts, lengths, p, q, res, emitted) -> list[CycleRecord]:
@@ -67,17 +58,24 @@ def speculative_generate(target, drafter: Drafter, input_ids, max_new_tokens: in
                          generator: torch.Generator | None = None, on_cycle=None,
                          num_draft_tokens: int | None = None) -> SpecGeneration:
     """Generate with `drafter` proposing and `target` verifying; output is distributed exactly as
-    `autoregressive_generate(target, ...)` (token for token equal at temperature 0)."""
-    check_generation_args(max_new_tokens, temperature, top_k, top_p)
+    `autoregressive_generate(target, ...)` (token for token equal at temperature 0).
+
+    At temperature 0 no random number is drawn: the global RNG and `generator` are left as they were, as
+    plain greedy decoding leaves them. Arguments are checked before any work (`check_generation_args`,
+    `check_drafter`); a target that cannot be rolled back (`check_speculative`) is refused up front.
+    """
+    args = check_generation_args(target, input_ids, max_new_tokens, temperature, top_k, top_p, generator)
+    batch, pad_id, eos_id = args.batch, args.pad_id, args.eos_id
+    check_drafter(drafter, target.config.vocab_size)
     K = drafter.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
-    check_drafter(target.config, drafter, K)
+    check_num_draft_tokens(K)
+    if on_cycle is not None and not callable(on_cycle):
+        raise TypeError(f"on_cycle must be a function of one CycleRecord, or None, got {type(on_cycle).__name__}")
     sampling = Sampling(temperature, top_k, top_p)
-    pad_id, eos_id = special_ids(target)
-    batch = as_prompt_batch(input_ids, pad_id)
-    check_vocab_ids(batch.input_ids, target.config.vocab_size)
     B = batch.size
 
     tgt = target_adapter(target, output_hidden_states=drafter.needs_hidden_states)
+    tgt.check_speculative(batch)
     out = tgt.prefill(batch)
     drafter.begin(batch, out)
     last = smp.next_token(out.logits[:, -1], temperature, top_k, top_p, generator)
@@ -94,7 +92,11 @@ def speculative_generate(target, drafter: Drafter, input_ids, max_new_tokens: in
         lengths = prop.lengths if prop.lengths is not None else torch.full((B,), K)
         out = tgt.forward(torch.cat([last[:, None], prop.tokens], dim=1))
         p = smp.sampling_probs(out.logits, temperature, top_k, top_p)
-        res = verify(prop.tokens, p, prop.q, draft_lengths=lengths, eos_token_id=eos_id, generator=generator)
+        # At T = 0 p is one-hot at the target's argmax, so whatever the uniform u in (0, 1] a draft is accepted
+        # iff it is that argmax, and the correction or bonus is that argmax: u = 1 draws no random number,
+        # which leaves `generator` and the global RNG as plain greedy decoding leaves them.
+        uniforms = torch.ones(B, K + 1, device=p.device) if temperature == 0 else None
+        res = verify(prop.tokens, p, prop.q, uniforms, draft_lengths=lengths, eos_token_id=eos_id, generator=generator)
         tgt.rollback(res.accepted + 1, K + 1)
         drafter.commit(res.accepted, res.tokens, out)
 

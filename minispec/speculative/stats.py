@@ -1,7 +1,11 @@
 """What one verification cycle did, and the acceptance statistics the papers report.
 
 τ (tau, "acceptance length") is counted as the papers count it: tokens emitted per target forward,
-i.e. accepted drafts + 1 (the target's correction or bonus token), averaged over cycles.
+i.e. accepted drafts + 1 (the target's correction or bonus token), averaged over verification cycles.
+A run that ended on its first token (EOS straight from the prefill, or max_new_tokens = 1) verified
+nothing; its τ is 1.0, plain decoding's one token per forward, never NaN. To average over runs, merge
+their cycles (`SpecStats([c for r in runs for c in r.stats.cycles])`): that weights each run by its
+verifications, and a run without any adds nothing.
 """
 from __future__ import annotations
 
@@ -49,10 +53,11 @@ class SpecStats:
 
     @property
     def tau(self) -> float:
-        """Mean accepted drafts + 1 per verification cycle."""
+        """Mean accepted drafts + 1 per verification cycle; 1.0 without any verification (the run's one
+        target forward, its prefill, emitted one token, as in plain decoding)."""
         v = self.verifications
         if not v:
-            return float("nan")
+            return 1.0
         return sum(c.accepted + 1 for c in v) / len(v)
 
     @property

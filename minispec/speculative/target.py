@@ -5,9 +5,13 @@
     forward(tokens)         a verify window: feed [B, n] tokens that may be rolled back
     rollback(keep, n)       of the last forward's n tokens, row b keeps its first keep[b]
 
-`target_adapter(model)` picks the adapter: a model with its own cache (minispec.ssm.hybrid.HybridLM, whose
-Mamba states cannot be cropped) brings its own through `model.speculative_target(...)`; any other
-Hugging Face causal LM gets `HFTarget`.
+    check_speculative(batch)  before any work: refuse what the speculative loop cannot roll back
+
+`target_adapter(model)` picks the adapter, so that every target `minispec.load_target` returns decodes by
+both loops: a model with its own cache (minispec.ssm.hybrid.HybridLM, whose Mamba states cannot be
+cropped) brings its own through `model.speculative_target(...)`; transformers' `NemotronHForCausalLM`
+(lightning-mini as `load_target` returns it) is driven as the HybridLM that shares its weights; any other
+Hugging Face causal LM gets `HFTarget`, whose rollback needs a cache of attention layers only.
 
 After a verify forward over [last token, d_1 .. d_K] every sequence has K+1 new cache entries, but
 sequence b keeps only `accepted_b + 1` of them. A batched KV cache is one tensor per layer, so the
@@ -24,18 +28,12 @@ the rollback can reach back.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from minispec.speculative.batch import PromptBatch, position_ids
-
-
-@dataclass
-class TargetOutput:
-    logits: torch.Tensor  # [B, n, V] at the n positions just fed ([B, 1, V] after a prefill)
-    hidden_states: tuple[torch.Tensor, ...] | None  # per layer (0 = embeddings) [B, n, H], when asked for
+from minispec.speculative.output import TargetOutput
 
 
 def shift_rows(x: torch.Tensor, drop: torch.Tensor, new_len: int, dim: int, fill=None) -> torch.Tensor:
@@ -75,6 +73,16 @@ class HFTarget:
                          logits_to_keep=logits_to_keep)
         return TargetOutput(out.logits, out.hidden_states if self.output_hidden_states else None)
 
+    def check_speculative(self, batch: PromptBatch) -> None:
+        """ValueError unless every cache layer is one `rollback` can cut: plain or sliding-window attention."""
+        kinds = {type(layer).__name__ for layer in DynamicCache(config=self.config).layers
+                 if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer)}
+        if kinds:
+            raise ValueError(f"speculative decoding cannot roll back {type(self.model).__name__}: its cache has "
+                             f"{', '.join(sorted(kinds))} layers, whose recurrent state cannot be cut back to the "
+                             "accepted tokens (minispec rolls back attention caches, and Nemotron-H hybrids through "
+                             "minispec.ssm.hybrid.HybridLM); decode it with autoregressive_generate")
+
     @torch.no_grad()
     def prefill(self, batch: PromptBatch) -> TargetOutput:
         self.cache = DynamicCache(config=self.config)
@@ -112,8 +120,28 @@ class HFTarget:
             layer.values = shift_rows(layer.values, drop, new_len, dim=2)
 
 
+def check_target(model) -> None:
+    """TypeError unless `model` is a target the loops can drive: a causal LM with a config (its vocabulary)
+    and a generation config (its EOS and pad ids), as `minispec.load_target` returns."""
+    if all(hasattr(model, name) for name in ("config", "generation_config")) and callable(model):
+        return
+    hint = f": load it first, model, tokenizer = ms.load_target({model!r})" if isinstance(model, str) else ""
+    raise TypeError(f"the target must be a causal LM (a Hugging Face model or minispec's HybridLM, as "
+                    f"ms.load_target returns), got {type(model).__name__}{hint}")
+
+
+def max_positions(config) -> int | None:
+    """The longest sequence (prompt + new tokens) the model is made for, or None if its config does not say."""
+    return getattr(config, "max_position_embeddings", None)
+
+
 def target_adapter(model, output_hidden_states: bool = False):
     """The adapter the decoding loops drive for `model` (see the module docstring)."""
+    check_target(model)
     if hasattr(model, "speculative_target"):
         return model.speculative_target(output_hidden_states)
+    if getattr(model.config, "model_type", None) == "nemotron_h":
+        from minispec.ssm.hybrid import HybridLM
+
+        return HybridLM.from_hf(model).speculative_target(output_hidden_states)
     return HFTarget(model, output_hidden_states=output_hidden_states)

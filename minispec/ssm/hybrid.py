@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minispec.speculative.target import TargetOutput
+from minispec.speculative.output import TargetOutput
 from minispec.ssm.config import Mamba2Config
 from minispec.ssm.mamba2 import Mamba2Mixer
 from minispec.ssm.replay import MambaLayerStore, make_store
@@ -243,10 +243,12 @@ class HybridLM(nn.Module):
     # construction -------------------------------------------------------------------------------
     @classmethod
     def from_hf(cls, hf_model) -> HybridLM:
-        """The same weights as a transformers `NemotronHForCausalLM` (strict: every name must match)."""
-        model = cls(hf_model.config)
-        model.load_state_dict(hf_model.state_dict(), strict=True)
-        return model.to(hf_model.dtype).eval()
+        """A transformers `NemotronHForCausalLM` as a HybridLM that shares its weight tensors (strict: every name
+        must match): nothing is copied, and a change to either model's weights is a change to both."""
+        with torch.device("meta"):
+            model = cls(hf_model.config)
+        model.load_state_dict(hf_model.state_dict(), strict=True, assign=True)
+        return model.eval()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, dtype: torch.dtype = torch.float32) -> HybridLM:
@@ -344,11 +346,18 @@ class HybridTarget:
         logits = out.logits[:, -1:] if last_only else out.logits
         return TargetOutput(logits, (out.hidden_pre_norm, out.hidden) if self.output_hidden_states else None)
 
+    def check_speculative(self, batch) -> None:
+        """ValueError for a batch: its rows would accept different numbers of drafts (see the class docstring)."""
+        if batch.size > 1:
+            raise ValueError(f"speculative decoding on a hybrid (Mamba) model runs one unpadded sequence at a time, "
+                             f"got a batch of {batch.size}: call it once per prompt (autoregressive_generate takes "
+                             "a batch of prompts of equal length)")
+
     @torch.no_grad()
     def prefill(self, batch) -> TargetOutput:
         if not bool(batch.attention_mask.all()):
             raise ValueError(f"HybridTarget: a hybrid model decodes one unpadded sequence (or prompts of equal "
-                             f"length) at a time, got a padded batch of {batch.size}")
+                             f"length) at a time, got a padded batch of {batch.size}: pass the prompts one by one")
         self.cache = self.model.new_cache(batch.size, self.strategy, self.capacity)
         return self._out(self.model(batch.input_ids, self.cache), last_only=True)
 

@@ -282,7 +282,7 @@ def init_drafter(path: Path) -> tuple[Path, DFlashDraftModel]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m minispec.dflash.train", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="bolt-mini", choices=sorted(CONFIGS))
     p.add_argument("--out", type=Path, help="output folder (default: ~/.cache/minispec/models/<target>-dflash; the "
                                             "shipped one is rebuilt with --out minispec/checkpoints/<target>-dflash)")

@@ -226,7 +226,7 @@ def signal(model, head: MTPHead, replies, depths: int = SIGNAL_DEPTHS) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m minispec.mtp.stages", description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=("sft", "posttrain", "boost", "eval", "hsm"))
     p.add_argument("--steps", type=cli.positive_int, help="override the stage's step count")
     p.add_argument("--eval-prompts", type=cli.positive_int, default=48, help="eval-set prompts for stage 4 (batch 1 "

@@ -121,7 +121,7 @@ def train(name: str, out: Path, work_dir: Path, s: Settings, command: str | None
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m minispec.targets.train", description=__doc__.splitlines()[0])
     p.add_argument("model", choices=sorted(CONFIGS))
     p.add_argument("--out", type=Path, help="output folder (default: ~/.cache/minispec/models/<model>; the shipped "
                                             "one is rebuilt with --out minispec/checkpoints/<model>)")

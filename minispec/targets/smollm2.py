@@ -56,15 +56,29 @@ def converted_folder() -> Path:
 
     A GGUF-loaded model refuses `save_pretrained` ("quantized with gguf"), so the conversion builds a
     plain `LlamaForCausalLM` from the same config without its `quantization_config` and gives it the
-    dequantized state dict. The folder is written under a temporary name and renamed into place, so an
-    interrupted conversion never leaves a half-written folder behind.
+    dequantized state dict. The folder is written by `training.save_atomically` (a temporary sibling, then a
+    rename), so an interrupted conversion never leaves a half-written folder behind.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from minispec import training
 
     path = gguf_path()
     folder = cache_dir() / f"{NAME}-{sha256(path)[:16]}"
     if (folder / "config.json").exists():
         return folder
+    gguf_model, tokenizer = load_gguf(path)
+    config = gguf_model.config.to_dict()
+    config.pop("quantization_config", None)
+    model = LlamaForCausalLM(LlamaConfig(**config))
+    model.load_state_dict(gguf_model.state_dict())
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    training.save_atomically(folder, write)
+    return folder
     gguf_model, tokenizer = load_gguf(path)
     config = gguf_model.config.to_dict()
     config.pop("quantization_config", None)

@@ -67,6 +67,15 @@ def test_bolt_mini_rows_have_the_columns(bolt_rows):
                 costs.speedup(r["tau"], r["C_t_ms"], r["C_d_ms"], r["C_v_ms"]), rel=0.02)
 
 
+def test_either_part_can_be_skipped(tmp_path):
+    """Acceptance and wall clock can run at different times: an empty list of temperatures skips that part."""
+    common = ["--eval-prompts", "2", "--eval-batch", "2", "--prompts", "1", "--max-new-tokens", "8"]
+    acceptance_only = run_bench(tmp_path, *common, "--temperatures", "0", "--timing-temperatures")
+    assert [(r["T"], r["policy"]) for r in acceptance_only] == [(0.0, "both")]
+    timing_only = run_bench(tmp_path, *common, "--temperatures", "--timing-temperatures", "0")
+    assert timing_only and all("method" in r for r in timing_only)
+
+
 def test_every_method_is_identical_to_ar_at_t0(bolt_rows):
     """Hugging Face's prompt lookup and assisted decoding included: each output's first n tokens are plain
     decoding's n tokens."""

@@ -49,10 +49,14 @@ def main(argv: list[str] | None = None) -> None:
                                      f"{DFLASH_DRAFTERS})")
     p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                    help="dflash: the drafting policies to measure")
-    p.add_argument("--temperatures", type=temperature, nargs="+",
-                   help="dflash, mtp: temperatures of the acceptance runs (default 0 1; dflash: 0 0.5 1)")
-    p.add_argument("--timing-temperatures", type=temperature, nargs="+", default=[0.0],
-                   help="dflash: temperatures of the batch-1 wall-clock runs (Hugging Face's rows: T = 0 only)")
+    # Either list may be given empty, so that the acceptance runs (which do not care what else the machine is
+    # doing) and the wall-clock runs (which do) can be made at different times.
+    p.add_argument("--temperatures", type=temperature, nargs="*",
+                   help="dflash, mtp: temperatures of the acceptance runs (default 0 1; dflash: 0 0.5 1; "
+                        "none: skip them)")
+    p.add_argument("--timing-temperatures", type=temperature, nargs="*", default=[0.0],
+                   help="dflash: temperatures of the batch-1 wall-clock runs (Hugging Face's rows: T = 0 only; "
+                        "none: skip them)")
     p.add_argument("--eval-prompts", type=positive_int,
                    help="dflash: prompts for acceptance (default: all, 241 eval prompts or MT-Bench's 80)")
     p.add_argument("--eval-batch", type=positive_int, default=16, help="dflash: batch size of the acceptance runs")

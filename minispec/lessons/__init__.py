@@ -5,4 +5,5 @@
     mtp_boosting          03_mtp_boosting
     nvfp4_qad             04_nvfp4_qad
     mamba_replay          05_mamba_replay
+    serving_costs         06_serving_costs
 """

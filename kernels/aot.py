@@ -4,7 +4,8 @@ The tests run the kernels under TRITON_INTERPRET=1, which accepts code the GPU c
 (block shapes, tl.dot's minimum tile of 16, dtype rules, shared memory beyond the chip) and says
 nothing about registers. So each kernel is also compiled, with `triton.compile` and a `GPUTarget`,
 for sm_80 (A100), sm_90 (H100 / H200) and sm_100 (B200), at every configuration its Python wrapper
-launches. No table of configurations is kept by hand; they are recorded from the wrappers themselves:
+launches (a kernel for one arch only, such as W4A4's FP4 tensor-core path, for that arch: `ONLY_FOR`).
+No table of configurations is kept by hand; they are recorded from the wrappers themselves:
 
 1. `record_launches` runs the public wrappers (the functions minispec.backend dispatches to) on CPU
    tensors over `CALLS`, a small grid of inputs: every floating dtype (a wrapper refuses the ones it
@@ -205,6 +206,21 @@ def _gemm_calls():
                 yield Call(w4a16_matmul, (torch.ones(M, K, dtype=dtype), w), {})
 
 
+def _w4a4_calls():
+    from minispec.kernels.gemm import launch_w4a4, w4a4_matmul
+    from minispec.quant.nvfp4 import quantize
+
+    g_x = torch.tensor(1.0)
+    # Both blocks at their smallest (BLOCK_M 16 for decoding, BLOCK_K 16) and both at their caps (64, 128):
+    # the kernel's other sizes are the W4A16 kernel's, whose grid crosses them.
+    for M, K in ((1, 16), (64, 2560)):
+        w = quantize.reference(torch.ones(64, K))
+        for dtype in FLOATS:
+            yield Call(w4a4_matmul, (torch.ones(M, K, dtype=dtype), w, g_x), {})
+    # The sm_100 path (FP4 tensor cores), which the wrapper takes for bf16 activations on such a device only.
+    yield Call(launch_w4a4, (torch.ones(64, 2560, dtype=torch.bfloat16), w, g_x, True), {})
+
+
 def _replay_calls():
     from minispec import costs
     from minispec.kernels.replay import replay_flush, replay_verify
@@ -219,6 +235,21 @@ def _replay_calls():
             dt, A, D = zeros(1, L, H) + 1, zeros(H) - 1, zeros(H) + 1
             yield Call(replay_verify, (state, x, dt, B, C, A, D, L - T), {})
             yield Call(replay_flush, (state, x, dt, B, A), {})
+
+
+def _ssd_calls():
+    from minispec import costs
+    from minispec.kernels.ssd import ssd_chunked
+
+    tiny = costs.Mamba2Shape(num_heads=2, head_dim=2, d_state=2, n_groups=1, num_layers=1)
+    # A test-sized scan, and lightning-mini's Mamba-2 layers (chunk 64) over two chunks. Super's sizes
+    # (chunk 128, P = 64, N = 128) compile too, but take minutes per arch on a CPU: see kernels/ssd.py.
+    for shape, T, Q in ((tiny, 3, 2), (costs.LIGHTNING_MINI_MAMBA2, 70, 64)):
+        H, P, N, G = shape.num_heads, shape.head_dim, shape.d_state, shape.n_groups
+        for dtype in FLOATS:
+            zeros = functools.partial(torch.zeros, dtype=dtype)
+            x, B, dt = zeros(1, T, H, P), zeros(1, T, G, N), zeros(1, T, H) + 1
+            yield Call(ssd_chunked, (x, dt, zeros(H) - 1, B, B, zeros(H), zeros(1, H, P, N)), {"chunk_size": Q})
 
 
 def _attention_calls():
@@ -238,7 +269,12 @@ def _attention_calls():
 
 
 CALLS = {"verify": _verify_calls, "kl": _kl_calls, "sampling": _sampling_calls, "nvfp4": _nvfp4_calls,
-         "gemm": _gemm_calls, "replay": _replay_calls, "attention": _attention_calls}
+         "gemm": _gemm_calls, "w4a4": _w4a4_calls, "replay": _replay_calls, "ssd": _ssd_calls,
+         "attention": _attention_calls}
+
+# Kernels for one arch only (every other kernel compiles for all of ARCHS): the FP4 tensor-core path of
+# W4A4 needs Blackwell's E4M3 and block-scaled MMA, which sm_80 does not have (its compile fails there).
+ONLY_FOR = {"gemm._w4a4_block_scaled_kernel": ("sm_100",)}
 
 
 def all_calls():
@@ -322,8 +358,8 @@ def _compile_job(job: tuple[Launch, str]) -> dict:
 
 
 def compile_all(launches: list[Launch], archs=tuple(ARCHS), workers: int | None = None, progress=None) -> list[dict]:
-    """Every launch for every arch, on `workers` processes (default: one per CPU core)."""
-    jobs = [(launch, arch) for launch in launches for arch in archs]
+    """Every launch for every arch it is for (`ONLY_FOR`), on `workers` processes (default: one per CPU core)."""
+    jobs = [(launch, arch) for launch in launches for arch in archs if arch in ONLY_FOR.get(launch.name, archs)]
     workers = workers or os.cpu_count() or 1
     # Fresh processes: they import the kernels compiled for a GPU, whatever this process's threads hold.
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
@@ -366,7 +402,9 @@ def describe(launch: Launch) -> str:
 PAGE = """# Kernels compiled for GPUs
 
 Every Triton kernel in `kernels/` is compiled ahead of time, on a CPU-only machine, for sm_80 (A100),
-sm_90 (H100, H200) and sm_100 (B200), at every configuration its Python wrapper launches.
+sm_90 (H100, H200) and sm_100 (B200), at every configuration its Python wrapper launches; W4A4's FP4
+tensor-core path (`gemm._w4a4_block_scaled_kernel`, `tl.dot_scaled` on E2M1 with E4M3 scales per 16), which
+the wrapper takes on sm_100 only, is compiled for sm_100 only ("-" in the other columns).
 `tests/test_kernel_compile.py` runs `python -m minispec.kernels.aot`, which runs the public wrappers
 over a grid of inputs (every floating dtype; each size-dependent block at its smallest and at its cap
 or at the published model sizes), records each kernel launch instead of running it, and compiles every
@@ -444,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "refused": refused, "uncovered": missing, "problems": found}, indent=1))
     if args.markdown:
         args.markdown.write_text(markdown(rows, refused))
-    print(f"{len(rows)} compiles ({len(launches)} configurations x {len(ARCHS)} archs) in {elapsed:.0f} s")
+    print(f"{len(rows)} compiles ({len(launches)} configurations, each for the archs it is for) in {elapsed:.0f} s")
     for line in [*(f"not launched by any input in CALLS: {m}" for m in missing), *found]:
         print(line, file=sys.stderr)
     return 1 if missing or found else 0

@@ -47,3 +47,23 @@ def test_kernel_module_imported_for_a_gpu_is_imported_again_for_the_interpreter(
     out = run_python(code, tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == PROBS_OF_ZEROS
+
+
+def test_triton_backend_runs_the_mamba_prefill_scan_in_the_interpreter(tmp_path):
+    # HybridLM's prefill reaches the chunked SSD scan through Mamba2Mixer.forward; with MINISPEC_BACKEND=triton
+    # on a CPU that is the kernel pipeline of kernels/ssd.py, interpreted, even after transformers imported triton.
+    code = ("import os, sys, transformers, torch\n"
+            "from minispec.ssm.config import Mamba2Config\n"
+            "from minispec.ssm.mamba2 import Mamba2Mixer\n"
+            "torch.manual_seed(0)\n"
+            "mixer = Mamba2Mixer(Mamba2Config(hidden_size=16, num_heads=2, head_dim=8, state_size=4, chunk_size=4))\n"
+            "u = torch.randn(1, 6, 16)\n"
+            "with torch.no_grad():\n"
+            "    out, _ = mixer(u)\n"
+            "    os.environ['MINISPEC_BACKEND'] = 'torch'\n"
+            "    ref, _ = mixer(u)\n"
+            "kernel = sys.modules['minispec.kernels.ssd']._chunk_state_kernel\n"
+            "print(type(kernel).__name__, bool((out - ref).abs().max() < 1e-5))\n")
+    out = run_python(code, tmp_path, MINISPEC_BACKEND="triton")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "InterpretedFunction True"

@@ -20,8 +20,8 @@ def test_dry_run_plans_every_kernel_at_every_shape_and_writes_both_files(tmp_pat
     kernel = [r for r in rows if r["step"] == "kernel"]
     ops = {r["op"] for r in kernel}
     assert ops == {"sampling T=1", "sampling T=1 top-k 50 top-p 0.9", "verify (sampled drafts)", "kl forward",
-                   "kl forward+backward", "replay verify", "replay flush", "dflash attention", "nvfp4 quantize",
-                   "nvfp4 dequantize", "w4a16 gemm"}
+                   "kl forward+backward", "replay verify", "replay flush", "ssd chunked scan", "dflash attention",
+                   "nvfp4 quantize", "nvfp4 dequantize", "w4a16 gemm", "w4a4 gemm"}
     for case in gpu.plan():
         methods = {r["method"] for r in kernel if (r["op"], r["shape"]) == (case.op, case.shape)}
         assert {"torch reference", "triton"} <= methods, case
@@ -66,6 +66,15 @@ def test_byte_counts():
     assert by_op_and_shape("dflash attention", "B=1 ") == kv_per_layer - one_slot + q_out_block
     # W4A16 at M = 1, K = N = 8192: 4-bit codes and one E4M3 scale per 16, plus x and y in bf16.
     assert by_op_and_shape("w4a16 gemm", "M=1 K=8192 N=8192") == 8192 * 8192 * 9 // 16 + 2 * 8192 * 2
+    # W4A4 reads the same packed weight and bf16 x (quantized inside the kernel), and counts 2 M N K FLOPs.
+    assert by_op_and_shape("w4a4 gemm", "M=1 ") == 8192 * 8192 * 9 // 16 + 2 * 8192 * 2
+    [w4a4] = [c for c in gpu.plan() if c.op == "w4a4 gemm" and c.shape.startswith("M=2048 ")]
+    assert w4a4.flops == 2 * 2048 * 8192 * 8192
+    # The SSD scan of a 512-token prompt at Super's heads: x, dt, B, C in, y out, the two states; and per
+    # token and head 2 Q (N + P) FLOPs inside its chunk of 128 plus 4 P N for the states.
+    [ssd] = [c for c in gpu.plan() if c.op == "ssd chunked scan" and c.shape.startswith("T=512 ")]
+    assert ssd.bytes == 512 * (2 * 128 * 64 + 128 + 2 * 8 * 128) * 4 + 2 * state
+    assert ssd.flops == 512 * 128 * (2 * 128 * (128 + 64) + 4 * 64 * 128)
 
 
 def test_peak_bandwidth_by_device_name():

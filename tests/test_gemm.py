@@ -151,6 +151,18 @@ def test_bench_nvfp4_runs_the_pytorch_rows_on_cpu():
     rows = bench_nvfp4(SimpleNamespace(repeats=1))
     assert {(r["op"], r["method"]) for r in rows} == {
         ("quantize", "torch reference"), ("w4a16", "torch dequantize+matmul"),
-        ("w4a16", "bf16 matmul, unquantized"), ("w4a16", "torch reference (fp32)")}
+        ("w4a16", "bf16 matmul, unquantized"), ("w4a16", "torch reference (fp32)"), ("w4a4", "torch emulation (fp32)")}
     assert all(r["ms"] > 0 and r["note"] == "" for r in rows)
     assert all(list(r) == list(rows[0]) for r in rows)  # one set of columns for the table
+
+
+def test_gemm_floors_put_w4a16_ahead_in_decoding_and_w4a4_in_prefill():
+    from minispec.bench.nvfp4 import gemm_floor_rows
+
+    rows = {(r["M"], r["gpu"], r["format"]): r for r in gemm_floor_rows(rows_of_x=(1, 4096))}
+    # Decoding is memory-bound: 4.5 bits instead of 16 per weight, on either GPU, with or without FP4 MMA.
+    assert rows[1, "H200", "w4a16"]["speedup_vs_bf16"] > 3.5 and rows[1, "H200", "w4a16"]["bound"] == "memory"
+    assert rows[1, "B200", "w4a4"]["speedup_vs_bf16"] == rows[1, "B200", "w4a16"]["speedup_vs_bf16"]
+    # Prefill is compute-bound: only FP4 tensor cores help, by their 4x peak over bf16.
+    assert rows[4096, "H200", "w4a16"]["speedup_vs_bf16"] == 1.0
+    assert rows[4096, "B200", "w4a4"]["speedup_vs_bf16"] == 4.0 and rows[4096, "B200", "w4a4"]["bound"] == "compute"

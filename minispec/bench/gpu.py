@@ -5,11 +5,13 @@ interrupted run keeps what it has, Ctrl-C included):
 1. `pytest -m gpu`: the kernels against their references at real sizes, in a subprocess with a limit.
 2. Each kernel against its PyTorch reference at realistic shapes: decode batches 1-64, V = 262,144
    (Nemotron 3.5's vocabulary) for sampling, verify and KL, Nemotron 3.5 Super's Mamba-2 heads for
-   replay, the Bolt E4B drafter's heads for DFlash attention, K, N = 2,560-8,192 for NVFP4 and the
-   W4A16 GEMM. Every row carries the bytes the operation must move at least (each input read once,
-   each output written once: `Case.bytes`), the bandwidth that makes, and its fraction of the device's
-   peak (`PEAK_BANDWIDTH`, by device name). All these kernels are memory-bound at these shapes, so
-   the fraction says how far each is from its floor.
+   replay and for the chunked SSD scan of a prefill, the Bolt E4B drafter's heads for DFlash attention,
+   K, N = 2,560-8,192 for NVFP4 and the W4A16 and W4A4 GEMMs. Every row carries the bytes the operation
+   must move at least (each input read once, each output written once: `Case.bytes`), the bandwidth
+   that makes, and its fraction of the device's peak (`PEAK_BANDWIDTH`, by device name). Most of these
+   kernels are memory-bound at these shapes, so the fraction says how far each is from its floor. The
+   two that are not at every shape, the SSD scan (its intra-chunk products) and W4A4 at M = 2,048, also
+   carry their floating-point operations (`Case.flops`) and the TFLOP/s they reach.
 3. End to end: autoregressive vs speculative decoding of bolt-mini on the GPU (n-gram, draft LM and
    DFlash drafters), tokens/s and tau, greedy, with the output checked equal to autoregressive.
 4. torch.compile of each reference, at the largest shape of each operation, while the time budget
@@ -68,6 +70,7 @@ class Case:
     """One operation at one shape: what it must move at least, and how to run it.
 
     make(device) -> the arguments of every method; methods: name -> fn(*arguments).
+    flops: the multiply-adds x 2 it must do, where that is worth reporting (0: not reported).
     """
 
     op: str
@@ -75,6 +78,7 @@ class Case:
     bytes: int
     make: object = field(repr=False)
     methods: dict = field(repr=False)
+    flops: int = 0
 
 
 # --- the cases ------------------------------------------------------------------------------------
@@ -171,6 +175,35 @@ def _replay_cases() -> list[Case]:
     return cases
 
 
+def _ssd_cases() -> list[Case]:
+    from minispec.ssm.ssd import ssd_chunked
+
+    s = costs.SUPER_MAMBA2
+    H, P, N, G = s.num_heads, s.head_dim, s.d_state, s.n_groups
+    Q = 128  # Super's chunk size
+    cases = []
+    for T in (512, 4096):  # a short and a long prompt, one sequence
+        def make(device, T=T):
+            g = torch.Generator(device).manual_seed(0)
+
+            def randn(*shape):
+                return torch.randn(*shape, device=device, generator=g)
+
+            dt = torch.rand(1, T, H, device=device, generator=g) * 0.1
+            A = -torch.rand(H, device=device, generator=g) - 0.5
+            return randn(1, T, H, P), dt, A, randn(1, T, G, N), randn(1, T, G, N), randn(H), randn(1, H, P, N)
+
+        # x, dt, B, C read, y written; the initial and the final state.
+        nbytes = T * (2 * H * P + H + 2 * G * N) * 4 + 2 * H * P * N * 4
+        # Per token and head: C B^T and the masked product with x inside its chunk (2 Q (N + P)), its part
+        # of the chunk's state and of the entering state's read-out (4 P N).
+        flops = T * H * (2 * Q * (N + P) + 4 * P * N)
+        cases.append(Case("ssd chunked scan", f"T={T} Super heads Q={Q} fp32", nbytes, make,
+                          {name: (lambda f: lambda *a: f(*a, chunk_size=Q))(fn)
+                           for name, fn in _dispatched(ssd_chunked).items()}, flops))
+    return cases
+
+
 def _attention_cases() -> list[Case]:
     from minispec.dflash.attention import dflash_attention
 
@@ -198,8 +231,8 @@ def _attention_cases() -> list[Case]:
 
 
 def _nvfp4_cases() -> list[Case]:
-    from minispec.quant.gemm import w4a16_matmul
-    from minispec.quant.nvfp4 import dequantize, quantize
+    from minispec.quant.gemm import w4a4_matmul, w4a16_matmul
+    from minispec.quant.nvfp4 import dequantize, global_scale_from_amax, quantize
 
     cases = []
     for K, N in ((2560, 2560), (8192, 8192)):
@@ -226,13 +259,25 @@ def _nvfp4_cases() -> list[Case]:
 
             nbytes = N * K // 2 + N * K // 16 + M * K * 2 + M * N * 2
             cases.append(Case("w4a16 gemm", f"M={M} K={K} N={N} bf16", nbytes, make, _dispatched(w4a16_matmul)))
+    for M in (1, 64, 2048):  # decoding, a verify batch, a prefill
+        K = N = 8192
+
+        def make(device, K=K, N=N, M=M):
+            g = torch.Generator(device).manual_seed(0)
+            w = quantize.reference((torch.randn(N, K, device=device, generator=g) * 0.02).to(torch.bfloat16))
+            x = torch.randn(M, K, device=device, generator=g).to(torch.bfloat16)
+            return x, w, global_scale_from_amax(x.abs().amax().float())
+
+        nbytes = N * K // 2 + N * K // 16 + M * K * 2 + M * N * 2
+        cases.append(Case("w4a4 gemm", f"M={M} K={K} N={N} bf16", nbytes, make, _dispatched(w4a4_matmul),
+                          2 * M * N * K))
     return cases
 
 
 def plan() -> list[Case]:
     """Every kernel case, in the order they run."""
-    return [*_sampling_cases(), *_verify_cases(), *_kl_cases(), *_replay_cases(), *_attention_cases(),
-            *_nvfp4_cases()]
+    return [*_sampling_cases(), *_verify_cases(), *_kl_cases(), *_replay_cases(), *_ssd_cases(),
+            *_attention_cases(), *_nvfp4_cases()]
 
 
 # --- running --------------------------------------------------------------------------------------
@@ -262,12 +307,14 @@ class Results:
 
 def kernel_row(case: Case, method: str, seconds: float | None, peak: float | None, baseline: float | None,
                note: str = "") -> dict:
-    """A row of step 2 or 4: time, bandwidth over the case's byte count, fraction of peak, speedup."""
+    """A row of step 2 or 4: time, bandwidth over the case's byte count, fraction of peak, speedup (and the
+    TFLOP/s of the cases that count their operations)."""
     row = {"step": "kernel", "op": case.op, "shape": case.shape, "method": method, "MB": round(case.bytes / 1e6, 2),
-           "ms": None, "GB_per_s": None, "of_peak": None, "speedup": None, "note": note}
+           "ms": None, "GB_per_s": None, "of_peak": None, "TFLOP_per_s": None, "speedup": None, "note": note}
     if seconds is not None:
         bandwidth = case.bytes / seconds
         row.update(ms=round(seconds * 1e3, 4), GB_per_s=round(bandwidth / 1e9, 1),
+                   TFLOP_per_s=round(case.flops / seconds / 1e12, 2) if case.flops else None,
                    of_peak=None if peak is None else round(bandwidth / peak, 3),
                    speedup=None if baseline is None else round(baseline / seconds, 2))
     return row

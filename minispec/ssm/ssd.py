@@ -28,12 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from minispec.backend import dispatch
+
 __all__ = [
     "discretize",
     "expand_groups",
     "ssd_step",
     "ssd_sequential",
     "segsum",
+    "check_ssd_chunked_args",
     "ssd_chunked",
     "causal_conv1d",
     "gated_rms_norm",
@@ -152,6 +155,14 @@ def segsum(log_a: Tensor) -> Tensor:
     return out.masked_fill(~causal, -math.inf)
 
 
+def check_ssd_chunked_args(x, dt, A, B, C, D, initial_state, chunk_size) -> None:
+    """Raise ValueError unless the arguments of `ssd_chunked` fit together (its reference and its kernel share this)."""
+    _check_ssd_shapes("ssd_chunked", x, dt, A, B, C, D, initial_state, lead=2)
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"ssd_chunked: chunk_size must be a positive int, got {chunk_size!r}")
+
+
+@dispatch("ssd:ssd_chunked")
 def ssd_chunked(
     x: Tensor,
     dt: Tensor,
@@ -178,11 +189,12 @@ def ssd_chunked(
       3. state passing to the next chunk: token s decays through s+1..Q-1 only (not its own l_s):
              h    = exp(cum_{Q-1}) h + sum_s exp(cum_{Q-1} - cum_s) dt_s x_s B_s^T
     and finally y += D * x. Steps 1, 2 are parallel over the chunk; step 3 is a recurrence over
-    T/Q chunks instead of T tokens (the Triton kernels run it serially too).
+    T/Q chunks instead of T tokens.
+
+    Dispatched (minispec/backend.py): the Triton kernels of kernels/ssd.py split the same three steps
+    into a pipeline of four (chunk states, state passing, chunk-local output, final output).
     """
-    _check_ssd_shapes("ssd_chunked", x, dt, A, B, C, D, initial_state, lead=2)
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"ssd_chunked: chunk_size must be a positive int, got {chunk_size!r}")
+    check_ssd_chunked_args(x, dt, A, B, C, D, initial_state, chunk_size)
     b, T, H, P = x.shape
     N = B.shape[-1]
     Bh, Ch = expand_groups(B, H), expand_groups(C, H)  # [b, T, H, N]

@@ -19,6 +19,11 @@ often the state is written, how much is evaluated at the end) may change on resu
 A finished model is written with `save_atomically`: everything goes into a temporary sibling folder, which
 replaces the model's folder by a rename only once the whole folder (weights, config, tokenizer,
 training.json, SHA256SUMS) is written. A run that fails at any point before leaves the previous model as it was.
+
+Under `torchrun --nproc_per_node=N` the same loop trains on N processes (`minispec.distributed`): the trained
+modules are wrapped in DistributedDataParallel, each process computes the loss of its shard of the step's batch
+(`batch_loss` takes its rows with `distributed.shard`), the gradients are averaged over the processes before the
+clipping and the step, the records are averaged too, and rank 0 alone writes the state and the models.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from typing import ClassVar
 import torch
 from tqdm import tqdm
 
-from minispec import cli
+from minispec import cli, distributed
 from minispec.targets import data
 from minispec.targets.manifest import write_manifest
 
@@ -193,6 +198,19 @@ def running_means(history: list, window: int = 20) -> dict[str, str]:
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+class Step(torch.nn.Module):
+    """One step's loss as a module's forward, `batch_loss(step)` over `modules`: the unit DistributedDataParallel
+    wraps, whatever modules the trainer's loss calls and however it calls them. Its parameters are theirs."""
+
+    def __init__(self, modules: dict[str, torch.nn.Module], batch_loss: Callable[[int], tuple[torch.Tensor, object]]):
+        super().__init__()
+        self.trained = torch.nn.ModuleDict(modules)
+        self.batch_loss = batch_loss
+
+    def forward(self, step: int):
+        return self.batch_loss(step)
+
+
 def train_loop(modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer, s: Settings,
                batch_loss: Callable[[int], tuple[torch.Tensor, object]], path: Path | None,
                stop_after: int | None = None, on_step: Callable | None = None, desc: str = "train",
@@ -213,23 +231,29 @@ def train_loop(modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optim
     must_match = must_match or {}
     state_modules = {**modules, "optimizer": optimizer}
     settings = asdict(s)
+    distributed.shard_of(s.batch)  # refuses a batch that does not split over the processes, before any work
     start, history = (0, []) if path is None else load_state(path, state_modules, settings, must_match,
                                                              type(s).BOOKKEEPING)
-    if start:
+    if start and distributed.is_main():
         print(f"{desc}: resuming from step {start}")
     end = s.steps if stop_after is None else min(s.steps, stop_after)
     params = [p for m in modules.values() for p in m.parameters()]
+    step_loss = Step(modules, batch_loss)
+    if distributed.world_size() > 1:
+        step_loss = torch.nn.parallel.DistributedDataParallel(step_loss)
     for m in modules.values():
         m.train()
-    bar = tqdm(range(start, end), initial=start, total=s.steps, desc=desc, disable=not progress)
+    bar = tqdm(range(start, end), initial=start, total=s.steps, desc=desc,
+               disable=not progress or not distributed.is_main())
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, s) * group.get("scale", 1.0)
-        loss, record = batch_loss(step)
+        loss, record = step_loss(step)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        record = distributed.mean_over_processes(record)
         history.append(record)
         if on_step is not None:
             on_step(step, record)
@@ -239,7 +263,9 @@ def train_loop(modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optim
         if path is not None and ((step + 1) % s.ckpt_every == 0 or step + 1 == end):
             if before_save is not None:
                 before_save()
-            save_state(path, state_modules, step + 1, history, settings, must_match)
+            if distributed.is_main():
+                save_state(path, state_modules, step + 1, history, settings, must_match)
+            distributed.barrier()  # no process runs ahead of a state that another could resume from
     for m in modules.values():
         m.eval()
     return history
@@ -257,6 +283,9 @@ def save_atomically(folder: Path, write: Callable[[Path], None], copy_of: Path |
     folder = Path(folder).expanduser().absolute()
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} is a file; a model is saved as a folder")
+    if not distributed.is_main():  # under torchrun rank 0 writes; the others wait until the folder is there
+        distributed.barrier()
+        return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
     aside = folder.parent / f".{folder.name}.old-{os.getpid()}"
@@ -279,4 +308,5 @@ def save_atomically(folder: Path, write: Callable[[Path], None], copy_of: Path |
         shutil.rmtree(aside)
     else:
         tmp.rename(folder)
+    distributed.barrier()
     return folder

@@ -27,6 +27,10 @@ own, the drafter borrows) is frozen and never handed to the optimizer. The loop 
 continues only with the same settings, the same target weights and the same `--init-from` weights. The
 drafter is saved with `training.save_atomically` into `--out`, by default the user cache
 (~/.cache/minispec/models/<target>-dflash); the shipped one is rebuilt with `--out minispec/checkpoints/...`.
+
+On several processes: `torchrun --nproc_per_node=N -m minispec.dflash.train ...` (`minispec.distributed`):
+each process trains on its shard of every batch (`--batch` is the global batch, a multiple of N) on its own
+GPU when there are GPUs, and a run resumes under another N.
 """
 from __future__ import annotations
 
@@ -36,13 +40,13 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from minispec import training
+from minispec import distributed, training
 from minispec.dflash import mask as dmask
 from minispec.dflash.config import bolt_mini_dflash_config, smollm2_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
@@ -184,15 +188,27 @@ def teacher_logits(target_logits: torch.Tensor, blocks: dmask.Blocks) -> torch.T
 
 
 def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, loss_mask: torch.Tensor, s: Settings, step: int,
-              features: torch.Tensor | None = None):
+              features: torch.Tensor | None = None, rows: slice = slice(None), processes: int = 1):
     """(loss, weighted accuracy) of one batch x [Bs, S] whose tokens with loss_mask = 1 carry loss; the
-    target runs here unless the batch brings its stored tap `features` [Bs, S, F]."""
+    target runs here unless the batch brings its stored tap `features` [Bs, S, F].
+
+    rows, processes: compute only these rows, one of `processes` equal shards (data parallelism). The anchors
+    are drawn for the whole batch and both numbers are normalized by the whole batch's weights, times
+    `processes`, so that their mean over the processes (what DistributedDataParallel does with the gradients)
+    is the whole batch's weighted mean."""
+    device = next(drafter.parameters()).device
+    x, loss_mask = x.to(device), loss_mask.to(device)
+    blocks = sample_blocks(x, loss_mask, drafter, s, step)
+    total = (blocks.weights * (drafter.to_draft_ids(blocks.labels) >= 0)).sum()
+    blocks = dmask.Blocks(*(getattr(blocks, f.name)[rows] for f in fields(dmask.Blocks)))
+    x = x[rows]
     out = None
     if features is None:
         with torch.no_grad():
             out = target(input_ids=x, output_hidden_states=True)
         features = drafter.tap(out.hidden_states)
-    blocks = sample_blocks(x, loss_mask, drafter, s, step)
+    else:
+        features = features[rows].to(device)
     logits = drafter(features, blocks)  # [Bs, N, T, Vd]
     labels = drafter.to_draft_ids(blocks.labels)
     weights = blocks.weights * (labels >= 0)  # a token outside the draft vocabulary cannot be drafted
@@ -204,7 +220,8 @@ def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, loss_mask: tor
                              "with cache_features or draft_vocab")
         soft = soft_loss(logits, teacher_logits(out.logits, blocks), weights)
         loss = (1 - s.distill) * loss + s.distill * soft
-    return loss, dmask.weighted_accuracy(logits.detach(), labels, weights)
+    share = processes * float(weights.sum() / total.clamp(min=torch.finfo(weights.dtype).tiny))
+    return loss * share, dmask.weighted_accuracy(logits.detach(), labels, weights) * share
 
 
 @torch.no_grad()
@@ -244,7 +261,8 @@ def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies | T
 
     def batch_loss(step: int):
         x, loss_mask, features = batch_at(dataset, s, step)
-        loss, acc = step_loss(drafter, target, x, loss_mask, s, step, features)
+        loss, acc = step_loss(drafter, target, x, loss_mask, s, step, features, distributed.shard_of(s.batch),
+                              distributed.world_size())
         return loss, {"loss": loss.item(), "accuracy": acc}
 
     return training.train_loop({"model": drafter}, make_optimizer(drafter, s), s, batch_loss,
@@ -299,7 +317,8 @@ def main(argv: list[str] | None = None) -> None:
     freeze(target)
     torch.manual_seed(s.seed)
     drafter = DFlashDraftModel.for_target(CONFIGS[a.target](draft_vocab_size=s.draft_vocab or None), target)
-    replies = training_replies(target, tok, s)
+    with distributed.main_first():  # under torchrun: rank 0 generates (and caches) the replies, the others read them
+        replies = training_replies(target, tok, s)
     coverage = 1.0
     if s.draft_vocab:
         eos = special_ids(target)[1]
@@ -319,11 +338,14 @@ def main(argv: list[str] | None = None) -> None:
     # the weights it started from, by folder and by digest (the same folder rewritten since is another start).
     must_match = {"target": weights_digest(target), "init_from": None if init_from is None else str(init_from),
                   "init_weights": None if start is None else weights_digest(start)}
-    dataset = tap_features(target, drafter, replies) if s.cache_features else replies
+    with distributed.main_first():
+        dataset = tap_features(target, drafter, replies) if s.cache_features else replies
+        val = training_replies(target, tok, replace(s, greedy_replies=s.eval_replies, sampled_replies=0), split="val")
+    target.to(distributed.device())  # this process's GPU when there are GPUs; the drafter shares its embedding
+    drafter.to(distributed.device())
     history = train(drafter, target, dataset, s, work_dir, must_match=must_match)
-    val = training_replies(target, tok, replace(s, greedy_replies=s.eval_replies, sampled_replies=0), split="val")
     metrics = evaluate(drafter, target, val, s)
-    drafter.to(torch.bfloat16)  # bf16 on disk, like every shipped checkpoint
+    drafter.to("cpu", torch.bfloat16)  # bf16 on disk, like every shipped checkpoint
     recent = history[-100:]
     record = {
         "command": "python -m minispec.dflash.train " + shlex.join(sys.argv[1:] if argv is None else argv),
@@ -351,8 +373,9 @@ def main(argv: list[str] | None = None) -> None:
         (folder / "training.json").write_text(json.dumps(record, indent=1))
 
     training.save_atomically(out, write)
-    print(f"val loss {metrics['loss']:.4f}  weighted accuracy {metrics['accuracy']:.4f}")
-    print(f"saved {out}; load it with ms.load_drafter({str(out)!r}, target)")
+    if distributed.is_main():
+        print(f"val loss {metrics['loss']:.4f}  weighted accuracy {metrics['accuracy']:.4f}")
+        print(f"saved {out}; load it with ms.load_drafter({str(out)!r}, target)")
 
 
 if __name__ == "__main__":

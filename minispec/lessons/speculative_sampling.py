@@ -265,19 +265,23 @@ class AcceptanceExplorer:
         self.V, self.seed = V, seed
         self.labels = _labels(V) if labels is None else list(labels)
         style = {"description_width": "52px"}
+        # ipywidgets' default slider (300 px) is wider than a third of a JupyterLab notebook at 1400 px: its
+        # readout would sit under the next column ("0.80" read "0.8(").
+        narrow = w.Layout(width="260px")
 
         def peak(value, name):
-            return w.IntSlider(value=value, min=0, max=V - 1, description=name, continuous_update=False, style=style)
+            return w.IntSlider(value=value, min=0, max=V - 1, description=name, continuous_update=False, style=style,
+                               layout=narrow)
 
         def spread(value, name):
             return w.FloatSlider(value=value, min=0.2, max=3.0, step=0.1, description=name,
-                                 continuous_update=False, style=style)
+                                 continuous_update=False, style=style, layout=narrow)
 
         self.controls = {
             "p_peak": peak(min(1, V - 1), "peak"), "p_spread": spread(0.8, "spread"),
             "q_peak": peak(min(2, V - 1), "peak"), "q_spread": spread(1.6, "spread"),
             "draft": w.ToggleButtons(options=["sampled from q", "argmax of q"], description="draft",
-                                     style={"description_width": "52px", "button_width": "110px"}),
+                                     style={"description_width": "52px", "button_width": "130px"}),
             "n": w.SelectionSlider(options=list(N_CHOICES), value=n, description="draws n", continuous_update=False,
                                    style=style),
         }

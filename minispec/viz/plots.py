@@ -40,7 +40,9 @@ def finish_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True):
     ax.grid(alpha=0.3)
     ax.set_axisbelow(True)
     if legend:
-        ax.legend(frameon=False)
+        # loc given, even as "best": matplotlib warns into the cell when its search for the best place is
+        # slow (a busy CPU), but only where the location was left to its default.
+        ax.legend(frameon=False, loc="best")
     return ax.figure
 
 

@@ -171,7 +171,9 @@ class TokenStrip:
         return self.html()
 
     def _summary_html(self) -> str:
-        return f'<div style="font-size:12px;opacity:.8">{self.summary()}</div>'
+        # Named as this one sequence's numbers: a notebook often prints the whole batch's τ right below.
+        return (f'<div class="ms-summary" style="font-size:12px;opacity:.8">this strip (sequence {self.sequence} of '
+                f'the batch): {self.summary()}</div>')
 
     @property
     def widget(self):

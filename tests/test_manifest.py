@@ -29,7 +29,7 @@ def flip_a_byte(path: Path, offset: int = 1000) -> None:
 def test_the_shipped_folders_are_the_ones_expected():
     names = {str(folder.relative_to(CHECKPOINTS)) for folder in SHIPPED}
     assert {"bolt-mini", "bolt-nano", "bolt-mini-dflash", "lightning-mini", "lightning-mini-post", "tokenizer",
-            "evalset", "smollm2-135m-dflash", "lightning-mini-post/mtp-heads/transfer"} <= names
+            "evalset", "smollm2-135m-dflash", "lightning-mini-post/mtp-heads/boost-nohsm"} <= names
 
 
 @pytest.mark.parametrize("folder", SHIPPED, ids=lambda f: str(f.relative_to(CHECKPOINTS)))
@@ -59,7 +59,7 @@ def test_write_manifest_lists_the_files_of_the_folder_itself_not_its_subfolders(
     listed = read_manifest(folder)
     assert "mtp-heads" not in listed and MANIFEST not in listed and "model.safetensors" in listed
     assert (folder / MANIFEST).read_text() == (CHECKPOINTS / "lightning-mini-post" / MANIFEST).read_text()
-    assert (folder / "mtp-heads" / "transfer" / MANIFEST).exists()  # the subfolder keeps its own
+    assert (folder / "mtp-heads" / "boost-nohsm" / MANIFEST).exists()  # the subfolder keeps its own
 
 
 def test_load_target_refuses_a_flipped_byte_naming_the_file_and_the_rebuild(tmp_path):
@@ -82,7 +82,7 @@ def test_load_drafter_refuses_a_flipped_byte_in_a_dflash_drafter(tmp_path):
 
 
 def test_an_mtp_head_with_a_flipped_byte_is_refused(tmp_path):
-    folder = copy_of("lightning-mini-post/mtp-heads/transfer", tmp_path)
+    folder = copy_of("lightning-mini-post/mtp-heads/boost-nohsm", tmp_path)
     flip_a_byte(folder / "mtp.safetensors")
     with pytest.raises(CorruptCheckpointError, match="mtp.safetensors does not match") as error:
         MTPHead.from_pretrained(folder)

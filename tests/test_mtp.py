@@ -194,6 +194,18 @@ def test_bench_rows_on_a_tiny_hybrid():
     assert rows[1]["equal_to_ar"] is True and rows[1]["tau"] >= 1.0 and len(rows[1]["per_position"].split()) == 2
 
 
+def test_bench_training_step_rows_time_every_context_and_leave_the_head_as_it_was():
+    from minispec.bench.mtp import training_step_rows
+
+    model = tiny_hybrid()
+    head = random_head(model)
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    rows = training_step_rows(model, head, torch.randint(3, 512, (2, 10)), depths=2, repeats=1)
+    assert [r["boosting step"] for r in rows] == ["unrolled", "hsm", "stitched"]
+    assert rows[0]["vs_unrolled"] == 1.0 and all(r["ms_per_step"] > 0 for r in rows)
+    assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())
+
+
 def test_attention_plus_moe_block_as_nemotron_3_5():
     model = tiny_hybrid()
     head = random_head(model, pattern="*E", moe_intermediate_size=64, moe_shared_expert_intermediate_size=64)

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from minispec.mtp import Backbone, MTPConfig, MTPHead
+from minispec.drafters.base import Sampling
+from minispec.mtp import Backbone, MTPConfig, MTPDrafter, MTPHead, stages
 from minispec.mtp.boost import (
     FrozenBackbone,
     boost_loss,
@@ -11,6 +12,8 @@ from minispec.mtp.boost import (
     run_depths,
     stand_in_gap,
 )
+from minispec.speculative.batch import as_prompt_batch
+from minispec.speculative.output import TargetOutput
 from tiny import tiny_gemma
 
 B, S, H = 32, 40, 4
@@ -94,7 +97,7 @@ def test_hsm_changes_later_depths_only(setup):
     _, head, backbone, ids = setup
     with torch.no_grad():
         plain = boost_loss(head, backbone, ids, depths=3)
-        mixed = boost_loss(head, backbone, ids, depths=3, hsm=True, generator=torch.Generator().manual_seed(0))
+        mixed = boost_loss(head, backbone, ids, depths=3, context="hsm", generator=torch.Generator().manual_seed(0))
     assert mixed.kl[0] == plain.kl[0]  # depth 1 always reads the backbone
     assert (mixed.kl[1:] != plain.kl[1:]).all()
 
@@ -154,10 +157,80 @@ def test_bad_input_is_a_clear_error(setup):
     with pytest.raises(ValueError, match="loss_mask"):
         boost_loss(head, backbone, ids, depths=1, loss_mask=torch.ones(2, 5))
     with pytest.raises(ValueError, match="at least 2 depths"):
-        boost_loss(head, backbone, ids, depths=1, hsm=True)
+        boost_loss(head, backbone, ids, depths=1, context="hsm")
+    with pytest.raises(ValueError, match="context must be one of"):
+        boost_loss(head, backbone, ids, depths=2, context="ttt")
     with pytest.raises(ValueError, match="depths must be an int >= 1"):
         boost_loss(head, backbone, ids, depths=0)
     with pytest.raises(ValueError, match="objective must be one of"):
         boost_loss(head, backbone, ids, depths=1, objective="ce")
     with pytest.raises(ValueError, match="vocab size"):
         boost_loss(MTPHead(MTPConfig(hidden_size=64, vocab_size=100)), backbone, ids, depths=1)
+
+
+def drafting_probs(drafter: MTPDrafter, ids, hidden, k: int, generator):
+    """What MTPDrafter drafts for every cycle start c of one sequence ids [1, L]: the prompt ids[:c+1] (its
+    hidden states from `hidden`), last = ids[c+1], K sampled drafts at T = 1. Returns, per c, the sequence
+    the drafts would continue (ids[:c+2] ++ d_1..d_{K-1}) and q [K, V], the drafter's distribution per depth."""
+    L = ids.shape[1]
+    rows, qs = [], []
+    for c in range(L - 1):
+        drafter.begin(as_prompt_batch(ids[:, : c + 1], 0), TargetOutput(None, (hidden[:, : c + 1],)))
+        proposal = drafter.propose(ids[:, c + 1], k, Sampling(temperature=1.0), generator)
+        rows.append(torch.cat([ids[0, : c + 2], proposal.tokens[0, : k - 1]]))
+        qs.append(proposal.q[0])
+    return rows, qs
+
+
+def max_logit_gaps(head, backbone, rows, qs, k: int, context: str):
+    """Per depth, max over cycle starts c and tokens of |Δ log-prob| between `context`'s training path on
+    the continued sequences (one row per c, right-padded: the head and backbone are causal) and drafting."""
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.nn.functional.pad(r, (0, width - len(r)), value=3) for r in rows])
+    with torch.no_grad():
+        _, hidden = backbone.run(ids)
+        logits = run_depths(head, backbone, hidden, ids, k, context=context)
+    gaps = []
+    for depth in range(k):  # chain c's depth k sits at slot c+k-1
+        log_p = torch.stack([torch.log_softmax(logits[depth][c, c + depth], -1) for c in range(len(rows))])
+        log_q = torch.stack([q[depth].log() for q in qs])
+        gaps.append(((log_p - log_q) - (log_p - log_q).mean(-1, keepdim=True)).abs().max().item())
+    return gaps
+
+
+@pytest.mark.parametrize("which", ["shipped", "two attention layers"])
+def test_stitched_context_gives_the_drafters_logits_at_every_depth_and_cycle_start(which):
+    """Test-time training's logits equal MTPDrafter's, for every depth and every cycle start of a real
+    eval-set prompt; unrolled training agrees at depth 1 only (its later depths attend to stand-ins)."""
+    import minispec as ms
+
+    k = 4
+    model = stages.load_backbone(stages.POST_FOLDER)
+    if which == "shipped":
+        head = MTPHead.from_pretrained(stages.POST_FOLDER)
+    else:  # attention after attention: later layers' keys depend on the context, too
+        torch.manual_seed(0)
+        head = MTPHead(MTPConfig.like(model.config, pattern="*-*", head_dim=16)).eval()
+    backbone = Backbone.of(model)
+    ids = ms.load_evalset().prompts[1][None, :20]
+    with torch.no_grad():
+        _, hidden = backbone.run(ids)
+    rows, qs = drafting_probs(MTPDrafter(head, model, k), ids, hidden, k, torch.Generator().manual_seed(0))
+    assert max(max_logit_gaps(head, backbone, rows, qs, k, "stitched")) < 1e-4
+    unrolled = max_logit_gaps(head, backbone, rows, qs, k, "unrolled")
+    assert unrolled[0] < 1e-4 and min(unrolled[1:]) > 1e-2, unrolled
+
+
+def test_stitched_context_trains_the_head_only_and_counts_like_the_others(setup):
+    model, head, backbone, ids = setup
+    res = boost_loss(head, backbone, ids, depths=3, context="stitched")
+    assert res.counted.tolist() == [2 * 11, 2 * 10, 2 * 9]
+    res.loss.backward()
+    assert all(p.grad is None for p in model.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+    head.zero_grad()
+    with torch.no_grad():
+        plain = boost_loss(head, backbone, ids, depths=3)
+        stitched = boost_loss(head, backbone, ids, depths=3, context="stitched")
+    torch.testing.assert_close(stitched.kl[0], plain.kl[0])  # depth 1 reads the backbone in both
+    assert (stitched.kl[1:] != plain.kl[1:]).all()

@@ -1,6 +1,7 @@
 """minispec.mtp.stages: a HybridLM's replies (minispec.targets.replies), the stage-1 loop resumes exactly,
 and the shipped heads (stage 1 beside lightning-mini, boosted beside lightning-mini-post) are exact and help."""
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from transformers import NemotronHConfig, NemotronHForCausalLM
 import minispec as ms
 from minispec.mtp import MTPDrafter, MTPHead, check_head_fits, stages
 from minispec.mtp.backbone import Backbone
+from minispec.quant.report import load_result
 from minispec.ssm.hybrid import HybridLM
 from minispec.targets.replies import replies_to
 
@@ -134,26 +136,41 @@ def test_post_training_moved_the_backbone_and_boosting_caught_up(shipped):
 
 
 def test_hsm_study_pairs_seeds_and_resumes(tmp_path):
-    from minispec.mtp.train import BoostSettings
-
     model = tiny_hybrid()
     start = MTPHead(stages.head_config(model.config))
     prompts = torch.randint(3, 4096, (6, 8), generator=torch.Generator().manual_seed(2))
     replies = replies_to(model, prompts, 8, temperature=1.0)
     held_out = replies_to(model, prompts[:3], 8, temperature=1.0, seed=5)
-    arms = {"boost-hsm": BoostSettings(steps=2, batch=2, depths=2, hsm=True, warmup=1),
-            "boost-depth1": BoostSettings(steps=2, batch=2, depths=1, hsm=False, warmup=1)}
-    a = stages.hsm_study(model, start, replies, held_out, 2, arms, tmp_path)
-    on, off = torch.tensor(a["one_minus_tv"]["boost-hsm"]), torch.tensor(a["one_minus_tv"]["boost-depth1"])
+    arms = {name: replace(s, steps=2, batch=2, warmup=1) for name, s in stages.hsm_arms().items()}
+    assert {name: (s.depths, s.context) for name, s in arms.items()} == {
+        "boost-depth1": (1, "unrolled"), "boost-nohsm": (3, "unrolled"), "boost-hsm": (3, "hsm"),
+        "boost-ttt": (3, "stitched")}
+    a = stages.hsm_study(model, start, replies, held_out, list(prompts[:2]), 2, arms, tmp_path, max_new_tokens=4)
+    on, off = (torch.tensor([r["one_minus_tv"] for r in a["runs"][name]]) for name in ("boost-ttt", "boost-depth1"))
     assert on.shape == off.shape == (2, stages.SIGNAL_DEPTHS)
     assert ((on > 0) & (on < 1)).all() and not torch.equal(on[0], on[1])  # the seed changes the run
-    paired = a["paired"]["boost-hsm - boost-depth1"]
-    torch.testing.assert_close(torch.tensor(paired["mean"]), (on - off).mean(0))
-    torch.testing.assert_close(torch.tensor(paired["stderr"]), (on - off).std(0) / 2 ** 0.5)
-    assert list(a["paired"]) == ["boost-hsm - boost-depth1"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["boost-depth1", "boost-depth1-seed1", "boost-hsm",
-                                                          "boost-hsm-seed1"]
-    assert stages.hsm_study(model, start, replies, held_out, 2, arms, tmp_path) == a  # resumed, not retrained
+    assert set(a["runs"]["boost-hsm"][0]) == {"one_minus_tv", "AL K=3 T=0", "AL K=3 T=1", "AL K=7 T=0", "AL K=7 T=1"}
+    pair = a["paired"]["boost-depth1 - boost-ttt"]["one_minus_tv"]
+    torch.testing.assert_close(torch.tensor(pair["mean"]), (off - on).mean(0))
+    torch.testing.assert_close(torch.tensor(pair["stderr"]), (off - on).std(0) / 2 ** 0.5)
+    assert len(a["paired"]) == 6  # every pair of the four arms
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}-seed{i}" for n in arms for i in range(2))
+    assert stages.hsm_study(model, start, replies, held_out, list(prompts[:2]), 2, arms, tmp_path, 4) == a  # resumed
+
+
+def test_shipped_study_and_transfer_results_hold_what_the_docs_quote():
+    study = load_result("mtp-hsm-study")
+    assert list(study["runs"]) == list(stages.hsm_arms()) and study["command"].startswith(
+        "python -m minispec.mtp.stages hsm")
+    seeds = {len(runs) for runs in study["runs"].values()}
+    assert len(seeds) == 1 and seeds.pop() >= 2
+    transfer = load_result("mtp-transfer")
+    assert transfer["command"].startswith("python -m minispec.mtp.stages transfer")
+    assert transfer["paper"]["AL"] == [3.787, 4.436, 4.612]
+    assert set(transfer["steps"]) == set(stages.transfer_runs())
+    moved = transfer["rows"]["boosted on SFT, moved unchanged to post-trained"]
+    stale = transfer["rows"]["stage-1 head on post-trained backbone"]
+    assert set(moved) == set(stale) and len(moved["one_minus_tv"]) == stages.SIGNAL_DEPTHS
 
 
 def test_shipped_heads_reproduce_their_recorded_signal(shipped):
@@ -163,7 +180,8 @@ def test_shipped_heads_reproduce_their_recorded_signal(shipped):
     held_out = stages.corpus_replies(post, num=64, seed=1)
     recorded = json.loads((stages.POST_FOLDER / "mtp_eval.json").read_text())["signal"]
     for name in stages.boost_runs():
-        measured = stages.signal(post, MTPHead.from_pretrained(stages.head_folder(name)), held_out)
+        measured = stages.signal(post, MTPHead.from_pretrained(stages.head_folder(name)), held_out,
+                                 context="unrolled")  # as mtp_eval.json recorded it
         expected = recorded[f"{name} on post-trained backbone"]
         torch.testing.assert_close(torch.tensor(measured["one_minus_tv"]), torch.tensor(expected["one_minus_tv"]),
                                    atol=5e-3, rtol=0)

@@ -7,7 +7,7 @@ from minispec.mtp.train import BoostSettings, boost
 from minispec.targets.replies import Replies
 from tiny import tiny_gemma
 
-SETTINGS = BoostSettings(steps=4, batch=2, depths=2, hsm=True, warmup=1, ckpt_every=2)
+SETTINGS = BoostSettings(steps=4, batch=2, depths=2, context="hsm", warmup=1, ckpt_every=2)
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +60,11 @@ def test_a_backbone_that_changes_is_refused(backbone_and_replies, tmp_path):
     finally:
         with torch.no_grad():
             weight.copy_(original)
+
+
+def test_settings_refuse_an_unknown_context_and_mixing_one_depth():
+    with pytest.raises(ValueError, match="context must be one of"):
+        BoostSettings(context="ttt")
+    with pytest.raises(ValueError, match="hidden-state mixing needs depths >= 2"):
+        BoostSettings(depths=1, context="hsm")
+    assert BoostSettings(depths=1, context="stitched").context == "stitched"

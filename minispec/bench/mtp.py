@@ -6,6 +6,10 @@ temperature and K: tokens/s, τ (tokens per target forward, i.e. AL), the ratio 
 acceptance, and at T = 0 whether the output equals AR token for token. The AR baseline is greedy
 plain decoding with the model's own cache at every temperature (its cost per token does not depend on
 how the token is chosen).
+
+Then the cost of one boosting step (backbone forward, the head's depths, backward, AdamW) per context a
+depth can read (minispec.mtp.boost): unrolled, hidden-state mixing, and the stitched context of test-time
+training, on the same batch.
 """
 from __future__ import annotations
 
@@ -50,6 +54,33 @@ def speed_rows(model, head: MTPHead, prompts: list[torch.Tensor], max_new_tokens
     return rows
 
 
+def training_step_rows(model, head: MTPHead, input_ids: torch.Tensor, depths: int = 3, repeats: int = 3) -> list[dict]:
+    """Seconds per boosting step on input_ids [B, S] for each context, and the ratio to unrolled training.
+    The head's weights are restored after timing (each timed step updates them)."""
+    from minispec.mtp.backbone import Backbone
+    from minispec.mtp.boost import CONTEXTS, boost_loss
+
+    backbone = Backbone.of(model)
+    start = {k: v.clone() for k, v in head.state_dict().items()}
+    opt = torch.optim.AdamW(head.parameters(), lr=1e-4)
+    head.train()
+
+    def step(context):
+        generator = torch.Generator().manual_seed(0)
+        res = boost_loss(head, backbone, input_ids, depths, context=context, generator=generator)
+        res.loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    seconds = {context: timed(lambda: step(context), repeats)[0] for context in CONTEXTS}
+    head.load_state_dict(start)
+    head.eval()
+    B, S = input_ids.shape
+    return [{"boosting step": context, "batch x tokens": f"{B} x {S}", "depths": depths,
+             "ms_per_step": round(1000 * s, 1), "vs_unrolled": round(s / seconds["unrolled"], 2)}
+            for context, s in seconds.items()]
+
+
 def bench_mtp(args) -> list[dict]:
     import minispec as ms
     from minispec.ssm.hybrid import HybridLM
@@ -57,4 +88,6 @@ def bench_mtp(args) -> list[dict]:
     model = HybridLM.from_pretrained("lightning-mini")
     head = MTPDrafter.beside(model).head
     prompts = ms.load_evalset().prompts[: args.prompts]
-    return speed_rows(model, head, prompts, args.max_new_tokens, temperatures=tuple(args.temperatures))
+    rows = speed_rows(model, head, prompts, args.max_new_tokens, temperatures=tuple(args.temperatures))
+    batch = torch.stack([p[:64] for p in ms.load_evalset().prompts[:8]])  # eval prompts hold >= 64 tokens
+    return rows + training_step_rows(model, head, batch, repeats=args.repeats)

@@ -44,6 +44,48 @@ def recursive_head(depths: int = 3):
     return fig
 
 
+def stitched_context(start: int = 4, depths: int = 3):
+    """What depth k's attention reads, cache slot by cache slot, when a drafting cycle starts at slot
+    `start`: left, drafting (and test-time training, which reproduces it); right, unrolled training
+    without mixing. Blue: an entry built from the backbone's hidden state; orange: from the head's own
+    output; outlined: the query; grey: not visible."""
+    from matplotlib.patches import Patch, Rectangle
+
+    n = start + depths
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.75 * depths + 1.6), layout="constrained")
+    plt.close(fig)
+    panels = (("drafting = test-time training (stitched context)", "stitched"),
+              ("unrolled training without mixing", "unrolled"))
+    for ax, (title, mode) in zip(axes, panels):
+        for k in range(1, depths + 1):
+            query = start + k - 1
+            y = depths - k
+            for slot in range(n):
+                if slot > query:
+                    color = "0.9"
+                elif mode == "stitched":
+                    color = PALETTE[0] if slot <= start else PALETTE[3]
+                else:
+                    color = PALETTE[0] if k == 1 else PALETTE[3]
+                ax.add_patch(Rectangle((slot, y), 0.92, 0.8, fc=color, ec="0.2" if slot == query else "none",
+                                       lw=2 if slot == query else 0))
+                label = "h" if color == PALETTE[0] else ("d" if color == PALETTE[3] else "")
+                ax.text(slot + 0.46, y + 0.4, label, ha="center", va="center", fontsize=7, color="white")
+            ax.text(-0.3, y + 0.4, f"depth {k}", ha="right", va="center", fontsize=8)
+        ax.set_xlim(-1.6, n + 0.1)
+        ax.set_ylim(-0.9, depths + 0.1)
+        ax.axis("off")
+        ax.set_title(title, fontsize=9)
+        ax.annotate("", (start + 0.46, -0.15), (start + 0.46, -0.6), arrowprops={"arrowstyle": "-|>", "color": "0.3"})
+        ax.text(start + 0.7, -0.55, "cycle start c (the backbone's h_c)", fontsize=7, color="0.3")
+        ax.text(0, -0.55, "cache slots →", fontsize=7, color="0.3")
+    fig.legend(handles=[Patch(color=PALETTE[0], label="built from the backbone's hidden state"),
+                        Patch(color=PALETTE[3], label="built from the head's own output"),
+                        Patch(fc="white", ec="0.2", lw=2, label="the query (depth k at slot c+k−1)")],
+               loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    return fig
+
+
 def stand_in_gap(gap: dict, title: str = "what depth k reads instead of the backbone's h"):
     """gap from minispec.mtp.boost.stand_in_gap: cosine and relative error per depth."""
     fig, ax = plt.subplots(figsize=(5.5, 3), layout="constrained")
@@ -98,7 +140,7 @@ def hsm_study(study: dict, trained_depths: int = 3,
     fig, ax = plt.subplots(figsize=(6.5, 3.4), layout="constrained")
     plt.close(fig)
     labels = {"boost-depth1": "trained at depth 1 only", "boost-hsm": "3 depths, HSM",
-              "boost-nohsm": "3 depths, each reads the previous (no HSM)"}
+              "boost-nohsm": "3 depths, unrolled (no mixing)", "boost-ttt": "3 depths, stitched context (TTT)"}
     for i, (name, runs) in enumerate(study["one_minus_tv"].items()):
         values = torch.tensor(runs)  # [seeds, depths]
         stderr = values.std(0) / len(values) ** 0.5 if len(values) > 1 else torch.zeros(values.shape[1])
@@ -114,3 +156,27 @@ def hsm_study(study: dict, trained_depths: int = 3,
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     return fig
+
+
+def study_table(study: dict) -> str:
+    """A plain-text table of the study (minispec.mtp.stages.hsm_study): per arm, the mean over seeds ±
+    one standard error of 1 − TV at each depth and of each AL."""
+    import torch
+
+    runs = study["runs"]
+    first = next(iter(runs.values()))[0]
+    als = [k for k in first if k.startswith("AL")]
+    depths = len(first["one_minus_tv"])
+
+    def cell(values):
+        t = torch.tensor(values, dtype=torch.float64)
+        err = float(t.std() / len(t) ** 0.5) if len(t) > 1 else float("nan")
+        return f"{float(t.mean()):.3f}±{err:.3f}"
+
+    header = [f"1-TV d{d + 1}" for d in range(depths)] + [a[3:] for a in als]
+    lines = [f"{'arm':14s} " + " ".join(f"{h:>12s}" for h in header)]
+    for name, seeds in runs.items():
+        cells = [cell([r["one_minus_tv"][d] for r in seeds]) for d in range(depths)]
+        cells += [cell([r[a] for r in seeds]) for a in als]
+        lines.append(f"{name:14s} " + " ".join(f"{c:>12s}" for c in cells))
+    return "\n".join(lines)

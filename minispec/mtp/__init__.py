@@ -6,6 +6,6 @@
 """
 from minispec.mtp.backbone import Backbone, check_head_fits
 from minispec.mtp.drafter import MTPDrafter
-from minispec.mtp.head import MTPCache, MTPConfig, MTPHead
+from minispec.mtp.head import MTPCache, MTPConfig, MTPHead, StitchedContext
 
-__all__ = ["Backbone", "MTPCache", "MTPConfig", "MTPDrafter", "MTPHead", "check_head_fits"]
+__all__ = ["Backbone", "MTPCache", "MTPConfig", "MTPDrafter", "MTPHead", "StitchedContext", "check_head_fits"]

@@ -11,9 +11,13 @@ One call (a "depth") reads a hidden state h [B, T, H] and the embedding of the t
 Depth 1 reads the backbone's last hidden state (after its final norm, what its own head reads); depth k
 reads the `out` of depth k-1, so K calls of the same weights draft K tokens. The backbone's hidden state
 at a position predicts the token two ahead through depth 1; depth 1's `out` stands in for the backbone's
-hidden state one position later, and so on. Training sees backbone hidden states at depth 1 but the
-head's own at depth k > 1, which is the train/inference mismatch that hidden-state mixing (boost.py)
-works on.
+hidden state one position later, and so on.
+
+When it drafts, the head's attention reads a *stitched* context: the entries of the verified prefix were
+built from the backbone's hidden states (depth-1 entries), only the current round's entries (depths
+1..k-1 of this draft) come from the head's own outputs. `StitchedContext` reproduces exactly that for
+every possible cycle start at once (test-time training); training that feeds every position the head's
+own stand-ins, or mixes them with the backbone's (boost.py), does not.
 
 Weights are named as in Nemotron-H checkpoints (`mtp.layers.{i}.enorm / hnorm / eh_proj` on the first
 layer of the block, `mtp.layers.{i}.norm` + `mixer.*` on every layer, `final_layernorm` on the last);
@@ -117,18 +121,44 @@ class MTPCache:
         self.valid.scatter_(1, slots, valid)
 
 
-class MTPAttention(Attention):
-    """The backbone's attention (same projections and weight names), with an optional `MTPCache`."""
+class StitchedContext:
+    """The attention context of every cycle start at once: what the drafter's cache holds, for test-time
+    training (EAGLE-3's "training-time test", SafeAILab/EAGLE eagle/traineagle3/cnets.py).
 
-    def forward(self, x: Tensor, valid: Tensor, cache: MTPCache | None = None, layer: int = 0,
+    Positions are cycle starts c: chain c begins with depth 1 reading the backbone's h_c, and its depth k
+    sits where the drafter puts it, at slot c+k-1. When depth k of chain c drafts, the drafter's cache holds
+
+        slots 0 .. c-1      the verified prefix: depth-1 entries, built from the backbone's hidden states
+        slot  c             this round's depth 1 (the backbone's h_c, too)
+        slots c+1 .. c+k-1  this round's depths 2..k: built from the head's own outputs
+
+    so depth k's query of chain c sees the depth-1 keys of chains c' <= c (causal) and the keys of depths
+    2..k of its own chain (a diagonal per depth). keys[layer] / values[layer]: per attention layer, one
+    [B, Hkv, S, d] per depth run so far; valid [B, S]: the chains whose depth-1 entry is real.
+    """
+
+    def __init__(self, valid: Tensor):
+        self.valid = valid
+        self.keys: dict[int, list[Tensor]] = {}
+        self.values: dict[int, list[Tensor]] = {}
+
+
+class MTPAttention(Attention):
+    """The backbone's attention (same projections and weight names), with an optional `MTPCache` or
+    `StitchedContext`."""
+
+    def forward(self, x: Tensor, valid: Tensor, cache: MTPCache | StitchedContext | None = None, layer: int = 0,
                 slots: Tensor | None = None) -> Tensor:
         """x [B, T, D]; valid [B, T] (False for padding).
 
         Without a cache: causal attention over the T positions. With one: the T positions go to `slots`
         [B, T] (row b's consecutive slots), and query t of row b sees the row's valid slots up to its own.
+        With a StitchedContext: the T positions are the chains of one depth (see StitchedContext).
         """
         B, T, _ = x.shape
         q, k, v = self.project(x)
+        if isinstance(cache, StitchedContext):
+            return self.o_proj(self.stitched(q, k, v, cache, layer).transpose(1, 2).reshape(B, T, -1))
         if cache is None:
             key_valid = valid
             key_slot = query_slot = torch.arange(T, device=x.device).expand(B, T)
@@ -151,6 +181,28 @@ class MTPAttention(Attention):
         out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
                                              attn_mask=visible[:, None])
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def stitched(self, q: Tensor, k: Tensor, v: Tensor, context: StitchedContext, layer: int) -> Tensor:
+        """Depth k = (depths stored so far) + 1 over every chain c: q [B, Hq, S, d], this depth's k, v
+        [B, Hkv, S, d] -> [B, Hq, S, d]. Scores against the depth-1 keys of chains c' <= c, then one score
+        per depth 2..k against the key of the same chain c; one softmax over both."""
+        keys, values = context.keys.setdefault(layer, []), context.values.setdefault(layer, [])
+        keys.append(k)
+        values.append(v)
+        rep = self.num_heads // self.num_kv
+        scale = self.head_dim ** -0.5
+        S = q.shape[2]
+        prefix_k, prefix_v = keys[0].repeat_interleave(rep, 1), values[0].repeat_interleave(rep, 1)
+        chain = torch.arange(S, device=q.device)
+        visible = context.valid[:, None, None, :] & (chain[None, :] <= chain[:, None])
+        visible = visible | torch.eye(S, dtype=torch.bool, device=q.device)  # a padding chain sees itself
+        prefix = (q @ prefix_k.transpose(-1, -2) * scale).masked_fill(~visible, float("-inf"))  # [B, Hq, S, S]
+        own = [(q * km.repeat_interleave(rep, 1)).sum(-1, keepdim=True) * scale for km in keys[1:]]
+        weights = torch.softmax(torch.cat([prefix, *own], dim=-1), dim=-1)  # [B, Hq, S, S + k-1]
+        out = weights[..., :S] @ prefix_v
+        for m, vm in enumerate(values[1:]):
+            out = out + weights[..., S + m, None] * vm.repeat_interleave(rep, 1)
+        return out
 
 
 class MTPLayer(nn.Module):
@@ -194,15 +246,16 @@ class MTPHead(nn.Module):
         self.layers = nn.ModuleList([MTPLayer(config, c, i == 0, i == n - 1) for i, c in enumerate(config.pattern)])
 
     def forward(self, hidden: Tensor, next_embeds: Tensor, valid: Tensor | None = None,
-                cache: MTPCache | None = None, slots: Tensor | None = None) -> Tensor:
+                cache: MTPCache | StitchedContext | None = None, slots: Tensor | None = None) -> Tensor:
         """One depth: hidden [B, T, H] and the embeddings of the tokens after them [B, T, H] -> out [B, T, H].
 
-        valid [B, T] (default all True) hides padding from attention. With a cache, `slots` [B, T]
-        says where each position goes (see MTPAttention).
+        valid [B, T] (default all True) hides padding from attention. With an MTPCache, `slots` [B, T]
+        says where each position goes; with a StitchedContext, the T positions are cycle starts and the
+        call is the next depth of every chain (see MTPAttention).
         """
         if valid is None:
             valid = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
-        if cache is not None:
+        if isinstance(cache, MTPCache):
             cache.write_valid(slots, valid)
         first = self.layers[0]
         x = first.eh_proj(torch.cat([first.enorm(next_embeds), first.hnorm(hidden)], dim=-1))

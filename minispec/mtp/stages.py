@@ -9,10 +9,13 @@ script per stage:
                                                  stdlib's unit tests); the head is not updated
     python -m minispec.mtp.stages boost       3. the stale head re-aligned to the post-trained backbone:
                                                  frozen backbone, its own T = 1 replies, per-depth KL,
-                                                 hidden-state mixing on (shipped), off, and a short top-up
+                                                 hidden-state mixing on (shipped) and off (plain unrolling)
     python -m minispec.mtp.stages eval        4. every head at T = 0 and T = 1 (sampled and argmax drafts)
-    python -m minispec.mtp.stages hsm         4b. HSM per depth: stage 3's runs over several seeds, beside
-                                                 the same run trained at depth 1 only
+    python -m minispec.mtp.stages hsm         4b. what each depth reads in training, four arms over paired
+                                                 seeds: depth 1 only, unrolled, HSM, exact TTT (stitched)
+    python -m minispec.mtp.stages transfer    4c. the paper's transfer experiment: boost on the SFT-stage
+                                                 backbone, move the head unchanged onto the post-trained
+                                                 one, then a short top-up there; AL after each
 
 Where each stage reads and writes (every write is one `training.save_atomically` step):
 
@@ -22,7 +25,10 @@ Where each stage reads and writes (every write is one `training.save_atomically`
     posttrain  reads --sft (default: the shipped lightning-mini), writes a new lightning-mini-post into --out
     boost      reads --sft's head and --post's backbone (default: the shipped lightning-mini-post), writes a copy
                of --post with the three heads into --out
-    eval, hsm  read --sft and --post, write a copy of --post with mtp_eval.json / mtp_hsm.json into --out
+    eval       reads --sft and --post, writes a copy of --post with mtp_eval.json into --out
+    hsm, transfer  read --sft and --post, write one results JSON: --out names the file (default
+               ~/.cache/minispec/mtp/mtp-hsm-study.json / mtp-transfer.json; the notebook reads
+               minispec/results/)
 
 --out defaults to the user cache (~/.cache/minispec/models/lightning-mini or lightning-mini-post); the shipped
 folders are rebuilt only when --out names them (`--out minispec/checkpoints/lightning-mini-post`). Every stage
@@ -215,31 +221,36 @@ def acceptance(model, head: MTPHead, prompts: list[torch.Tensor], k: int = 3, ma
 
 
 @torch.no_grad()
-def signal(model, head: MTPHead, replies, depths: int = SIGNAL_DEPTHS) -> dict[str, list[float]]:
-    """Per-depth KL(backbone ‖ head) and 1 − TV on reply tokens, every depth reading the one before it as
-    when drafting: the training signal on held-out replies, past the 3 depths the heads train (Figure 6's
-    "later positions")."""
+def signal(model, head: MTPHead, replies, depths: int = SIGNAL_DEPTHS, context: str = "stitched"
+           ) -> dict[str, list[float]]:
+    """Per-depth KL(backbone ‖ head) and 1 − TV on reply tokens, past the 3 depths the heads train (Figure
+    6's "later positions"). In the stitched context (default) every depth reads exactly what it reads when
+    drafting, so 1 − TV at depth k is the acceptance rate of a sampled draft there, given the earlier drafts
+    were the reply's tokens; "unrolled" is how mtp_eval.json's signal was recorded."""
     from minispec.mtp.boost import boost_loss
 
-    res = boost_loss(head, Backbone.of(model), replies.input_ids, depths, loss_mask=replies.loss_mask)
+    res = boost_loss(head, Backbone.of(model), replies.input_ids, depths, loss_mask=replies.loss_mask,
+                     context=context)
     return {"kl": res.kl.tolist(), "one_minus_tv": res.acceptance.tolist()}
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minispec.mtp.stages", description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=("sft", "posttrain", "boost", "eval", "hsm"))
+    p.add_argument("stage", choices=("sft", "posttrain", "boost", "eval", "hsm", "transfer"))
     p.add_argument("--steps", type=cli.positive_int, help="override the stage's step count")
     p.add_argument("--eval-prompts", type=cli.positive_int, default=48, help="eval-set prompts for stage 4 (batch 1 "
                                                                               "each)")
     p.add_argument("--max-new-tokens", type=cli.positive_int, default=32)
-    p.add_argument("--seeds", type=cli.positive_int, default=4, help="boosting seeds per arm for `hsm`")
+    p.add_argument("--seeds", type=cli.positive_int, default=3, help="boosting seeds per arm for `hsm`")
+    p.add_argument("--topup-steps", type=cli.positive_int, help="transfer: the top-up's steps (default steps / 8)")
     p.add_argument("--pretrained", type=Path, help="sft: the pretrained lightning-mini (default: "
                                                    "~/.cache/minispec/models/lightning-mini)")
     p.add_argument("--sft", type=Path, default=SFT_FOLDER, help="the stage-1 lightning-mini (default: the shipped one)")
     p.add_argument("--post", type=Path, default=POST_FOLDER, help="the post-trained lightning-mini-post (default: the "
                                                                   "shipped one)")
     p.add_argument("--out", type=Path, help="where the stage saves (default: ~/.cache/minispec/models/lightning-mini "
-                                            "for sft, .../lightning-mini-post for the others)")
+                                            "for sft, .../lightning-mini-post for posttrain, boost, eval; for hsm "
+                                            "and transfer a JSON file, default ~/.cache/minispec/mtp/mtp-*.json)")
     args = p.parse_args(argv)
     args.command = "python -m minispec.mtp.stages " + shlex.join(sys.argv[1:] if argv is None else argv)
     reads = {"sft": (), "posttrain": ("sft",)}.get(args.stage, ("sft", "post"))
@@ -247,9 +258,10 @@ def main(argv: list[str] | None = None) -> None:
         folder = getattr(args, name)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"--{name} {folder}: no model there ({folder / 'config.json'} does not exist)")
-    run = {"sft": run_sft, "posttrain": run_posttrain, "boost": run_boost, "eval": run_eval, "hsm": run_hsm}
+    run = {"sft": run_sft, "posttrain": run_posttrain, "boost": run_boost, "eval": run_eval, "hsm": run_hsm,
+           "transfer": run_transfer}
     out = run[args.stage](args)
-    print(f"saved {out}; load it with ms.load_target({str(out)!r})")
+    print(f"saved {out}" if out.suffix == ".json" else f"saved {out}; load it with ms.load_target({str(out)!r})")
 
 
 def run_sft(args) -> Path:
@@ -299,14 +311,14 @@ def run_posttrain(args) -> Path:
 
 def boost_runs(steps: int | None = None) -> dict:
     """Stage 3's runs, settings per name. Every run starts from the stage-1 head (re-alignment, as Nebius
-    boosts the shipped head); "transfer" is the cheap version: the same head, 1/16 of the steps."""
+    boosts the shipped head). "boost-nohsm" unrolls the depths without mixing: each depth reads the one
+    before it at every slot, which is not the stitched context drafting reads (boost.py)."""
     from minispec.mtp.train import BoostSettings
 
     main_steps = 400 if steps is None else steps
-    return {"boost-hsm": BoostSettings(steps=main_steps, batch=8, depths=3, hsm=True, lr=2e-3, warmup=10),
-            "boost-nohsm": BoostSettings(steps=main_steps, batch=8, depths=3, hsm=False, lr=2e-3, warmup=10),
-            "transfer": BoostSettings(steps=max(1, main_steps // 16), batch=8, depths=3, hsm=True, lr=2e-3,
-                                      warmup=2)}
+    return {"boost-hsm": BoostSettings(steps=main_steps, batch=8, depths=3, context="hsm", lr=2e-3, warmup=10),
+            "boost-nohsm": BoostSettings(steps=main_steps, batch=8, depths=3, context="unrolled", lr=2e-3,
+                                         warmup=10)}
 
 
 def head_folder(name: str, post: Path = POST_FOLDER) -> Path:
@@ -367,47 +379,154 @@ def run_eval(args) -> Path:
                                     copy_of=args.post)
 
 
-def hsm_arms(steps: int | None = None) -> dict:
-    """The arms of the HSM study: stage 3's two runs, and the same run trained at depth 1 only (depth 1 reads
-    the backbone's h, so deeper drafts read stand-ins training never showed: the mismatch HSM is for)."""
-    runs = boost_runs(steps)
-    return {"boost-hsm": runs["boost-hsm"], "boost-nohsm": runs["boost-nohsm"],
-            "boost-depth1": replace(runs["boost-nohsm"], depths=1)}
+STUDY_MODES = (("T=0", 0.0, False), ("T=1", 1.0, False))  # T = 1: drafts sampled from q, full-q rejection
 
 
-def hsm_study(model, start: MTPHead, replies, held_out, seeds: int, arms: dict, work: Path) -> dict:
-    """`seeds` boosting runs per arm (`arms`: name -> BoostSettings, the seed replaced; seed 0 is stage 3's
-    own run where the name is stage 3's), each from a copy of `start`. Returns per-depth 1 − TV on
-    `held_out` for every run, and per other arm the paired difference (boost-hsm − arm, same seed) per
-    depth: its mean and standard error over seeds."""
+def hsm_arms(steps: int = 40) -> dict:
+    """The study's four arms, one per context a depth reads in training (boost.py), all 3 depths deep but the
+    first: depth 1 only (deeper drafts read stand-ins training never showed), unrolled without mixing,
+    hidden-state mixing, and the exact stitched context (test-time training)."""
+    from minispec.mtp.train import BoostSettings
+
+    base = BoostSettings(steps=steps, batch=8, depths=3, lr=2e-3, warmup=max(1, steps // 10))
+    return {"boost-depth1": replace(base, depths=1, context="unrolled"),
+            "boost-nohsm": replace(base, context="unrolled"),
+            "boost-hsm": replace(base, context="hsm"),
+            "boost-ttt": replace(base, context="stitched")}
+
+
+def measure_head(model, head: MTPHead, held_out, prompts: list[torch.Tensor], max_new_tokens: int) -> dict:
+    """The study's scores of one head: per-depth 1 − TV in the stitched context on `held_out` replies, and
+    AL (τ) at K = 3 and 7, T = 0 and T = 1 (sampled drafts), on `prompts` at batch 1."""
+    scores = {"one_minus_tv": signal(model, head, held_out)["one_minus_tv"]}
+    for k in EVAL_KS:
+        for mode, row in acceptance(model, head, prompts, k, max_new_tokens, modes=STUDY_MODES).items():
+            scores[f"AL K={k} {mode}"] = row["tau"]
+    return scores
+
+
+def paired(runs: dict[str, list[dict]]) -> dict:
+    """Per pair of arms "a - b" and per score: the mean over seeds of the same-seed difference and its
+    standard error (NaN with one seed). runs: arm -> one score dict (measure_head) per seed."""
+    out = {}
+    names = list(runs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            out[f"{a} - {b}"] = {}
+            for score in runs[a][0]:
+                diff = torch.tensor([ra[score] for ra in runs[a]]) - torch.tensor([rb[score] for rb in runs[b]])
+                n = len(diff)
+                stderr = diff.std(0) / n ** 0.5 if n > 1 else torch.full_like(diff[0], float("nan"))
+                out[f"{a} - {b}"][score] = {"mean": diff.mean(0).tolist(), "stderr": stderr.tolist()}
+    return out
+
+
+def hsm_study(model, start: MTPHead, replies, held_out, prompts: list[torch.Tensor], seeds: int, arms: dict,
+              work: Path, max_new_tokens: int = 24) -> dict:
+    """`seeds` boosting runs per arm (`arms`: name -> BoostSettings, the seed replaced), each from a copy of
+    `start`, scored by `measure_head`. Resumable: a finished run and its scores are kept in `work`/<arm>-seed<n>.
+    Returns every run's scores per arm and the paired differences between arms (same seed, same batches)."""
     from minispec.mtp.train import boost
 
-    signals = {name: [] for name in arms}
+    runs = {name: [] for name in arms}
     for seed in range(seeds):
         for name, settings in arms.items():
-            head = copy.deepcopy(start)
-            folder = work / (name if seed == 0 else f"{name}-seed{seed}")
-            boost(head, model, replies, replace(settings, seed=seed), folder, desc=f"hsm study: {name} seed {seed}")
-            signals[name].append(signal(model, head, held_out)["one_minus_tv"])
-    paired = {}
-    for name in arms:
-        if name != "boost-hsm":
-            diff = torch.tensor(signals["boost-hsm"]) - torch.tensor(signals[name])  # [seeds, depths]
-            stderr = diff.std(0) / seeds ** 0.5 if seeds > 1 else torch.full_like(diff[0], float("nan"))
-            paired[f"boost-hsm - {name}"] = {"mean": diff.mean(0).tolist(), "stderr": stderr.tolist()}
-    return {"one_minus_tv": signals, "paired": paired}
+            folder = work / f"{name}-seed{seed}"
+            scores_file = folder / "scores.json"
+            if not scores_file.is_file():
+                head = copy.deepcopy(start)
+                boost(head, model, replies, replace(settings, seed=seed), folder, desc=f"study: {name} seed {seed}")
+                scores_file.write_text(json.dumps(measure_head(model, head.eval(), held_out, prompts,
+                                                               max_new_tokens)))
+            runs[name].append(json.loads(scores_file.read_text()))
+    return {"runs": runs, "paired": paired(runs)}
+
+
+def write_json(path: Path, record: dict) -> Path:
+    """One results JSON, written whole or not at all (a temporary file, then a rename)."""
+    path = Path(path).expanduser().absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+    return path
 
 
 def run_hsm(args) -> Path:
+    import minispec as ms
+
+    steps = args.steps or 40
     model = load_backbone(args.post)
+    prompts = ms.load_evalset().prompts[: args.eval_prompts]
+    arms = hsm_arms(steps)
     result = hsm_study(model, MTPHead.from_pretrained(args.sft), corpus_replies(model),
-                       corpus_replies(model, num=64, seed=1), args.seeds, hsm_arms(args.steps), work_root())
-    result = {"what": f"per-depth 1 - TV on 64 held-out T = 1 replies, depths 1..{SIGNAL_DEPTHS} (3 trained; "
-                      f"1 for boost-depth1), {args.seeds} boosting seeds per arm; seed 0 = the stage-3 runs", **result}
+                       corpus_replies(model, num=64, seed=1), prompts, args.seeds, arms, work_root() / "study",
+                       args.max_new_tokens)
+    result = {"what": f"4 arms boosted from the stage-1 head on lightning-mini-post, {args.seeds} paired seeds each, "
+                      f"{steps} steps of batch 8 (3 depths; 1 for boost-depth1); scores: 1 - TV per depth 1..."
+                      f"{SIGNAL_DEPTHS} in the stitched context on 64 held-out T = 1 replies, AL (tau) at K = 3 / 7, "
+                      f"T = 0 / T = 1 (sampled drafts) on the first {len(prompts)} eval-set prompts, batch 1, "
+                      f"{args.max_new_tokens} new tokens",
+              "settings": {name: asdict(s) for name, s in arms.items()}, **result}
     print(json.dumps(result["paired"], indent=1))
-    return training.save_atomically(args.out or training.default_out("lightning-mini-post"),
-                                    lambda folder: _record(folder, "mtp_hsm.json", args.command, result),
-                                    copy_of=args.post)
+    _stamp(result, args.command)
+    return write_json(args.out or work_root() / "mtp-hsm-study.json", result)
+
+
+def _stamp(record: dict, command: str) -> None:
+    record.update({"command": command, "torch": torch.__version__, "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+def transfer_runs(steps: int = 120, topup_steps: int | None = None) -> dict:
+    """The transfer experiment's two boosting runs (HSM, as stage 3): on the SFT-stage backbone, then the
+    top-up of that head on the post-trained backbone (default 1/8 of the steps)."""
+    from minispec.mtp.train import BoostSettings
+
+    topup = topup_steps or max(1, steps // 8)
+    return {"boost-on-sft": BoostSettings(steps=steps, batch=8, depths=3, context="hsm", lr=2e-3,
+                                          warmup=max(1, steps // 10)),
+            "top-up-on-post": BoostSettings(steps=topup, batch=8, depths=3, context="hsm", lr=2e-3,
+                                            warmup=max(1, topup // 10))}
+
+
+def run_transfer(args) -> Path:
+    """The Super/Lightning paper's transfer experiment: the stage-1 head boosted on the SFT-stage backbone
+    (lightning-mini), moved unchanged onto the post-trained backbone (lightning-mini-post) and measured,
+    then topped up there and measured again."""
+    import minispec as ms
+    from minispec.mtp.train import boost
+
+    sft, post = load_backbone(args.sft), load_backbone(args.post)
+    prompts = ms.load_evalset().prompts[: args.eval_prompts]
+    runs = transfer_runs(args.steps or 120, args.topup_steps)
+    stale = MTPHead.from_pretrained(args.sft)
+    on_sft = copy.deepcopy(stale)
+    boost(on_sft, sft, corpus_replies(sft), runs["boost-on-sft"], work_root() / "transfer-boost-on-sft",
+          desc="transfer: boost on the SFT backbone")
+    topped = copy.deepcopy(on_sft)
+    boost(topped, post, corpus_replies(post), runs["top-up-on-post"], work_root() / "transfer-top-up",
+          desc="transfer: top-up on the post-trained backbone")
+    held_out = {"sft": corpus_replies(sft, num=64, seed=1), "post": corpus_replies(post, num=64, seed=1)}
+    rows = {}
+    for name, backbone, head in tqdm((("stage-1 head on SFT backbone", "sft", stale),
+                                      ("stage-1 head on post-trained backbone", "post", stale),
+                                      ("boosted on SFT, on SFT backbone", "sft", on_sft),
+                                      ("boosted on SFT, moved unchanged to post-trained", "post", on_sft),
+                                      ("moved + top-up on post-trained", "post", topped)), desc="transfer: eval"):
+        model = sft if backbone == "sft" else post
+        rows[name] = measure_head(model, head.eval(), held_out[backbone], prompts, args.max_new_tokens)
+    result = {"what": f"AL (tau) on the first {len(prompts)} eval-set prompts, batch 1, {args.max_new_tokens} new "
+                      "tokens, K = 3 / 7, T = 0 / T = 1 (sampled drafts); 1 - TV per depth in the stitched context "
+                      "on 64 held-out T = 1 replies of the row's backbone",
+              "steps": {name: s.steps for name, s in runs.items()},
+              "settings": {name: asdict(s) for name, s in runs.items()},
+              "paper": {"what": "AL at T = 1 in the Super/Lightning paper: the head before boosting on the final "
+                                "backbone, boosted on the SFT-stage backbone and moved unchanged, then topped up",
+                        "AL": [3.787, 4.436, 4.612]},
+              "rows": rows}
+    print(json.dumps(rows, indent=1))
+    _stamp(result, args.command)
+    return write_json(args.out or work_root() / "mtp-transfer.json", result)
 
 
 if __name__ == "__main__":

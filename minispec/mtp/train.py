@@ -6,8 +6,9 @@ DeepSeek-V3's MTP module (model card nebius/MTP-DeepSeek-V3-0324): backbone froz
 samples, KL to its distribution, with Megatron-LM's hidden-state mixing `mtp_hsm`):
 
     x, mask  = a seeded batch of replies (prompt ++ the backbone's reply; mask = 1 on reply tokens)
-    loss     = boost_loss: per-depth KL(backbone ‖ head) on reply positions, averaged over depths,
-               optionally with hidden-state mixing (draws from a generator seeded by (seed, step))
+    loss     = boost_loss: per-depth KL(backbone ‖ head) on reply positions, averaged over depths, each
+               depth reading the context `context` names: hidden-state mixing (draws from a generator
+               seeded by (seed, step)), plain unrolling, or the stitched context drafting reads (TTT)
 
 Only the head's weights reach the optimizer. The backbone, whose embedding and output head the head
 shares, is checked against a snapshot at every checkpoint and at the end (`FrozenBackbone`): a run that
@@ -24,7 +25,7 @@ import torch
 
 from minispec import training
 from minispec.mtp.backbone import Backbone
-from minispec.mtp.boost import FrozenBackbone, boost_loss
+from minispec.mtp.boost import CONTEXTS, FrozenBackbone, boost_loss
 from minispec.mtp.head import MTPHead
 from minispec.targets.replies import Replies
 
@@ -33,9 +34,16 @@ from minispec.targets.replies import Replies
 class BoostSettings(training.Settings):
     lr: float = 1e-3
     depths: int = 3  # recursive calls trained per step
-    hsm: bool = True  # hidden-state mixing (Megatron-LM `mtp_hsm`)
+    context: str = "hsm"  # hidden-state mixing (Megatron-LM `mtp_hsm`), "unrolled" or "stitched" (boost.py)
     temperature: float = 1.0  # of both distributions in the KL
     objective: str = "kl"  # or "tv": train on 1 − Σ min(p, q), the acceptance itself
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.context not in CONTEXTS:
+            raise ValueError(f"context must be one of {CONTEXTS}, got {self.context!r}")
+        if self.context == "hsm" and self.depths < 2:
+            raise ValueError("hidden-state mixing needs depths >= 2 (depth 1 always reads the backbone)")
 
 
 def make_optimizer(head: MTPHead, s: BoostSettings) -> torch.optim.AdamW:
@@ -60,7 +68,7 @@ def boost(head: MTPHead, backbone_model, replies: Replies, s: BoostSettings, wor
     def batch_loss(step: int):
         x, loss_mask = replies.batch(s.batch, s.seed, step)
         generator = torch.Generator(x.device).manual_seed(s.seed * 1_000_003 + step)
-        res = boost_loss(head, backbone, x, s.depths, loss_mask=loss_mask, hsm=s.hsm, generator=generator,
+        res = boost_loss(head, backbone, x, s.depths, loss_mask=loss_mask, context=s.context, generator=generator,
                          temperature=s.temperature, objective=s.objective)
         return res.loss, {"loss": res.loss.item(), "kl": res.kl.tolist(), "acceptance": res.acceptance.tolist()}
 

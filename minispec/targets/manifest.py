@@ -3,7 +3,7 @@
 `SHA256SUMS` lists the regular files directly in a folder in `sha256sum`'s format, one
 "<64 hex digits>  <file name>" line per file, sorted by name, so `sha256sum -c SHA256SUMS` run inside
 the folder checks it too. A subfolder is not listed: it is loaded on its own and carries its own
-manifest (lightning-mini-post/mtp-heads/transfer, for one).
+manifest (lightning-mini-post/mtp-heads/boost-nohsm, for one).
 
 Loading checks the manifest (`check_manifest`) wherever a checkpoint folder is read, so a damaged or
 half-copied file stops the load with an error that names it, instead of loading silently. A folder

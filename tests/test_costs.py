@@ -197,8 +197,42 @@ def test_super_75_gb_at_4_82_bits_is_about_124_billion_parameters():
     assert abs(n / 120e9 - 1) < 0.05  # consistent with the nominal "120B-A12B"
     # Reading "75 GB" as GiB would give 134 B: further from 120 B, so GB is the right unit.
     assert sig3(costs.params_from_size(75 * GiB, 4.82) / 1e9) == 134
-    # 4.82 bits over NVFP4's 4.5 means about 2.8 % of parameters in BF16.
+    # A two-tier reading (BF16 + NVFP4 only) of 4.82 bits gives 2.8 % BF16; the recipe has an FP8 tier too,
+    # so this is not Super's BF16 share (see test_super_bits_and_size_from_the_tiers).
     assert round(100 * costs.bf16_fraction_for_bits(4.82), 1) == 2.8
+
+
+def test_super_param_count_from_its_published_shapes():
+    g = costs.nemotron_h_param_groups(costs.SUPER_SHAPE)
+    mtp = 512 * 2 * 2688 * 1024 + 2 * 4096 * 5376 + 2 * 4096 * 1024 + 512 * 4096  # the MTP block's MoE layer
+    mtp += 2 * 4096 * 4096 + 2 * 4096 * 256  # its attention layer: q, o [4096, 4096]; k, v [256, 4096]
+    mtp += 2 * 4096 * 4096 + 3 * 4096 + 2 * 4096  # its input projection [H, 2H], three norms, two layer norms
+    main = sum(g.values()) - mtp
+    assert round(main / 1e9, 2) == 120.67  # "120B-A12B", without the MTP block
+    assert sig3(sum(g.values()) / 1e9) == 124  # = 75 GB / 4.82 bits (test above)
+    assert g["routed_experts"] == 41 * 512 * 2 * 2688 * 1024  # 40 MoE layers + the MTP block's
+    assert g["mamba_projections"] == 40 * (4096 * (2 * 8192 + 2 * 1024 + 128) + 8192 * 4096)
+    assert g["attention"] == 9 * (2 * 4096 * 4096 + 2 * 4096 * 256)
+
+
+def test_super_bits_and_size_from_the_tiers():
+    t = costs.tiered_checkpoint(costs.SUPER_SHAPE)
+    tiers = {k: round(v / 1e9, 2) for k, v in t.params_by_tier.items()}
+    assert tiers == {"nvfp4": 117.37, "fp8": 4.70, "bf16": 1.54}
+    assert round(t.bits_per_param, 2) == 4.78  # the paper: 4.82
+    assert abs(t.bits_per_param / 4.82 - 1) < 0.01
+    assert round(t.total_bytes / GB, 1) == 73.8  # the paper: ~75 GB
+    assert abs(t.total_bytes / (75 * GB) - 1) < 0.02
+    # every parameter in its tier: the bits add up, and all-BF16 is the 16-bit baseline
+    assert t.bits == pytest.approx(4.5 * t.params_by_tier["nvfp4"] + 8 * t.params_by_tier["fp8"]
+                                   + 16 * t.params_by_tier["bf16"])
+    assert costs.tiered_checkpoint(costs.SUPER_SHAPE, {}).bits_per_param == 16
+    with pytest.raises(ValueError, match="unknown kinds"):
+        costs.tiered_checkpoint(costs.SUPER_SHAPE, {"experts": "nvfp4"})
+    with pytest.raises(ValueError, match="unknown tiers"):
+        costs.tiered_checkpoint(costs.SUPER_SHAPE, {"routed_experts": "int4"})
+    with pytest.raises(ValueError, match="pattern letters"):
+        costs.NemotronHShape(**{**costs.SUPER_SHAPE.__dict__, "pattern": "MX"})
 
 
 def test_ultra_blog_figure_needs_a_small_bf16_share():

@@ -52,14 +52,50 @@ def test_dynamic_scales_follow_the_weight_static_scales_do_not():
     static, dynamic = QuantLinear(lin, "w4a16", "static"), QuantLinear(lin, "w4a16", "dynamic")
     static.calibrate_weight("max")
     dynamic.calibrate_weight("max")
+    g0 = static.weight_global_scale.clone()
     with torch.no_grad():
         lin.weight[0, :16] *= 0.1  # shrink one block: its dynamic scale shrinks, the static one stays
     w = lin.weight.detach()
-    g = dynamic.weight_global_scale
-    assert torch.equal(dynamic.quantized_weight().detach(), nvfp4_fake(w, g))
+    assert torch.equal(dynamic.quantized_weight().detach(), nvfp4.fake_quantize(w))
     static_hat = static.quantized_weight().detach()
     assert not torch.equal(static_hat, dynamic.quantized_weight().detach())
-    assert torch.equal(static_hat, nvfp4_fake(w, g, static.weight_block_scale))
+    assert torch.equal(static_hat, nvfp4_fake(w, g0, static.weight_block_scale))
+    with torch.no_grad():
+        lin.weight.mul_(3.0)  # the tensor's amax moves: a dynamic global scale follows it, the static one does not
+    g, _ = dynamic.weight_scales("weight")
+    assert g == nvfp4.global_scale_from_amax(lin.weight.detach().abs().amax()) and g != g0
+    assert torch.equal(dynamic.quantized_weight().detach(), nvfp4.fake_quantize(lin.weight.detach()))
+    assert torch.equal(static.weight_scales("weight")[0], g0)
+    p = PackedLinear("w4a16", dynamic.packed_weight(), 32, 4)  # the export uses the scales the forward used
+    assert torch.equal(p.nvfp4_weight().dequantize(), nvfp4.fake_quantize(lin.weight.detach()))
+
+
+def test_recipes_pair_calibration_and_scales_as_the_lightning_report():
+    assert quant.check_recipe({"rules": [["*", "w4a16"]]})["scales"] == "dynamic"  # max -> dynamic
+    for algorithm in ("mse", "four_over_six"):
+        assert quant.check_recipe({"algorithm": algorithm, "rules": [["*", "w4a16"]]})["scales"] == "static"
+    for r in (quant.AGGRESSIVE, quant.AGGRESSIVE_W4A4, quant.LIGHTNING_LIKE, quant.SUPER_TIERS):
+        assert quant.check_recipe(r)["scales"] == quant.SCALES_OF[r["algorithm"]], r["name"]
+    with pytest.raises(ValueError, match="'max' goes with scales='dynamic', not 'static'.*recomputes"):
+        quant.check_recipe({"algorithm": "max", "scales": "static", "rules": [["*", "w4a16"]]})
+    with pytest.raises(ValueError, match="'four_over_six' goes with scales='static', not 'dynamic'.*undo"):
+        quant.check_recipe({"algorithm": "four_over_six", "scales": "dynamic", "rules": [["*", "w4a16"]]})
+    with pytest.raises(ValueError, match="'mse' goes with scales='static'"):
+        quant.check_recipe({"algorithm": "mse", "scales": "dynamic", "rules": [["*", "w4a16"]]})
+
+
+def test_quantized_weights_are_the_weights_of_quantized_matmuls_only(model):
+    m = quant.quantize(copy.deepcopy(model), {"rules": [["*layers.1.*", "bf16"], ["*", "w4a16"]]})
+    trainable = quant.quantized_weights(m)
+    layers = {n for n, mod in m.named_modules() if isinstance(mod, QuantLinear)}
+    # the tied head is listed once, under the embedding's name
+    assert {n.rpartition(".")[0] for n in trainable} == layers - {"lm_head"} | {"model.embed_tokens"}
+    params = dict(m.named_parameters())
+    assert all(params[n] is p for n, p in trainable.items())  # the Parameters themselves, under their names
+    assert trainable["model.embed_tokens.weight"] is m.lm_head.weight
+    assert not any("norm" in n or "layers.1." in n or n.endswith("bias") for n in trainable)
+    with pytest.raises(ValueError, match="no quantized layer"):
+        quant.quantized_weights(model)
 
 
 def test_mse_never_worse_than_max_and_fp8_rounding():
@@ -154,3 +190,15 @@ def test_nvfp4_bench_is_registered_and_runs_on_cpu():
     methods = {(r["op"], r["method"]) for r in rows}
     assert ("quantize", "torch reference") in methods and ("w4a16", "torch dequantize+matmul") in methods
     assert all(r["ms"] is not None and r["ms"] > 0 for r in rows)
+
+
+def test_recovery_figure_reads_the_scorecard_schema():
+    from minispec.lessons import nvfp4_qad as lesson
+
+    metrics = ["agreement", "eval accuracy"]
+    card = {"target": "t", "evaluation": {
+        "ptq": {"recovery": dict(zip(metrics, [0.93, 0.97])), "median_recovery": 0.95},
+        "qad": {"recovery": dict(zip(metrics, [0.99, 1.0])), "median_recovery": 0.995}}}
+    ax = lesson.recovery_bars(card).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == metrics and len(ax.patches) == 4
+    assert "QAD (median 99.50 %)" in [t.get_text() for t in ax.get_legend().get_texts()]

@@ -78,3 +78,26 @@ def test_load_refuses_plain_and_unknown(model, tmp_path):
         load_quantized(folder)
     with pytest.raises(ValueError, match="no quantized layer"):
         save_quantized(copy.deepcopy(model), tmp_path / "none")
+
+
+def test_hybrid_moe_round_trip_writes_one_layer_per_expert(tmp_path):
+    from test_quant_moe import IDS, calib, tiny_hf
+
+    hf = tiny_hf()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(p.bfloat16().float())
+    q = quant.quantize(copy.deepcopy(hf), quant.SUPER_TIERS, calib)
+    folder = save_quantized(q, tmp_path / "q")
+    cfg = json.loads((folder / "config.json").read_text())["quantization_config"]
+    state = load_file(folder / "model.safetensors")
+    assert cfg["quantized_layers"]["model.layers.2.mixer.experts.3.down_proj"] == {"quant_algo": "W4A16_NVFP4",
+                                                                                   "group_size": 16}
+    assert cfg["quantized_layers"]["model.layers.0.mixer.in_proj"] == {"quant_algo": "FP8"}
+    assert state["model.layers.2.mixer.experts.3.down_proj.weight"].shape == (32, 8)  # [H, I / 2] codes
+    assert state["model.layers.2.mixer.experts.3.down_proj.weight_scale"].shape == (32, 1)
+    assert "model.layers.2.mixer.experts.up_proj" not in state
+    back = load_quantized(folder)
+    assert isinstance(back.model.layers[0].mixer.in_proj, PackedLinear)
+    with torch.no_grad():
+        assert torch.allclose(back(IDS).logits, q(IDS).logits, atol=1e-4)

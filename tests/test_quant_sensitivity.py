@@ -81,3 +81,9 @@ def test_conservative_recipe_quantizes_a_model():
     sizes = {n: m.weight.numel() for n, m in sens.linear_layers(model).items()}
     assert 5.5 < sens.effective_bits(quant.formats_of(q), sizes) <= 6.0  # the budget is used, not exceeded
     assert set(quant.formats_of(q).values()) > {"w4a16"}
+
+
+def test_recipe_from_formats_takes_the_scales_of_its_algorithm():
+    for algorithm in quant.ALGORITHMS:
+        recipe = sens.recipe_from_formats({"lm_head": "fp8"}, "t", algorithm)
+        assert quant.check_recipe(recipe)["scales"] == quant.SCALES_OF[algorithm]

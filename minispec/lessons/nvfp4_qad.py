@@ -1,11 +1,18 @@
 """NVFP4 pictures for notebook 04: the E2M1 grid, two-level scales, a block by hand, four-over-six,
-sensitivity bars and QAD curves. Each function draws into `ax` if given and returns the Figure."""
+static vs dynamic scales, the storage tiers of a hybrid MoE model, sensitivity bars, QAD curves and the
+PTQ / QAD recovery of a real model. Each figure function draws into `ax` if given and returns the Figure."""
 from __future__ import annotations
 
 import torch
+from matplotlib.patches import Patch
+from torch import nn
 
+from minispec import quant
 from minispec.quant import nvfp4
+from minispec.quant.modules import QuantLinear
 from minispec.viz.plots import PALETTE, axes_or_new, finish_axes
+
+TIER_COLORS = {"w4a16": PALETTE[0], "w4a4": PALETTE[5], "fp8": PALETTE[1], "bf16": PALETTE[3]}
 
 
 def e2m1_grid(ax=None):
@@ -91,6 +98,105 @@ def four_over_six_block(block: torch.Tensor, ax=None):
         err = nvfp4.block_squared_error(blocks, s, g).item()
         ax.scatter(k, x_hat, marker="_", s=200, color=color, lw=2, label=f"max → {code:g}: Σ err² = {err:.4f}")
     return finish_axes(ax, "four-over-six keeps whichever grid errs less", "element", "value")
+
+
+def static_vs_dynamic(weight: torch.Tensor, growth: float = 0.5, steps: int = 11, seed: int = 0, ax=None):
+    """What QAD does to scales: the weight [N, K] drifts (grows by up to `growth` and moves by noise of the
+    same size), and its NVFP4 reconstruction error ‖Ŵ − W‖² / ‖W‖² is measured with scales frozen at the
+    start (static) and recomputed from the current weight (dynamic, global scale included)."""
+    ax = axes_or_new(ax)
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+    start = weight.detach().clone()
+    layers = {kind: QuantLinear(lin, "w4a16", kind) for kind in ("static", "dynamic")}
+    for q in layers.values():
+        q.calibrate_weight("max")
+    noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed)) * start.std()
+    drift = torch.linspace(0, 1, steps)
+    errors = {kind: [] for kind in layers}
+    with torch.no_grad():
+        for t in drift:
+            lin.weight.copy_(start * (1 + growth * t) + noise * growth * t)
+            w = lin.weight.detach()
+            for kind, q in layers.items():
+                errors[kind].append(((q.quantized_weight() - w).pow(2).sum() / w.pow(2).sum()).item())
+    for i, (kind, e) in enumerate(errors.items()):
+        ax.plot(drift * growth, e, marker="o", color=PALETTE[i], label=f"{kind} scales")
+    ax.set_yscale("log")
+    return finish_axes(ax, "frozen scales stop fitting weights that move", "drift (fraction of the weight's size)",
+                       "‖Ŵ − W‖² / ‖W‖²")
+
+
+def tier_map(model: nn.Module, ax=None):
+    """Every parameter of a quantized model by layer, as bars as long as their parameter counts, colored by
+    storage tier (NVFP4 / FP8 / BF16): one row for the embedding, one per layer, one for the output head."""
+    formats = quant.param_formats(model)
+    params = dict(model.named_parameters())
+    rows: dict[str, list[tuple[str, int, str]]] = {}
+    for name, fmt in formats.items():
+        parts = name.split(".")
+        if "layers" in parts:
+            i = parts.index("layers")
+            row, label = f"layer {parts[i + 1]}", ".".join(parts[i + 2:]).replace("mixer.", "")
+            kind = getattr(model.get_submodule(".".join(parts[:i + 2])), "block_type", "")
+            row += {"linear_attention": " Mamba", "mamba": " Mamba", "full_attention": " attention",
+                    "attention": " attention", "moe": " MoE", "mlp": " MLP"}.get(kind, "")
+        else:
+            row = label = parts[-2] if len(parts) > 1 else name
+        rows.setdefault(row, []).append((label, params[name].numel(), fmt))
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7.2, 0.42 * len(rows) + 1.2), layout="constrained")
+        plt.close(fig)
+    widest = max(sum(n for _, n, _ in parts) for parts in rows.values())
+    for y, (row, parts) in enumerate(reversed(list(rows.items()))):
+        left = 0
+        for label, n, fmt in sorted(parts, key=lambda t: -t[1]):
+            ax.barh(y, n, left=left, color=TIER_COLORS[fmt], edgecolor="white", height=0.7)
+            short = label.removesuffix(".weight").replace("shared_experts.", "shared ").replace("_proj", "")
+            if n > 0.012 * widest * len(short):  # only where the name fits in its bar
+                ax.text(left + n / 2, y, short, ha="center", va="center", fontsize=7, color="white")
+            left += n
+    ax.set_yticks(range(len(rows)), list(reversed(list(rows))), fontsize=8)
+    counts = quant.params_by_format(model)
+    total = sum(counts.values())
+    names = {"w4a16": "NVFP4", "w4a4": "NVFP4 W4A4", "fp8": "FP8", "bf16": "BF16"}
+    handles = [Patch(color=TIER_COLORS[f], label=f"{names[f]}: {counts[f] / total:.0%} of parameters")
+               for f in TIER_COLORS if counts[f]]
+    ax.legend(handles=handles, loc="center right", fontsize=8)
+    return finish_axes(ax, "storage tier of every parameter, layer by layer", "parameters", "", legend=False)
+
+
+def storage_rows(models: dict[str, nn.Module]) -> list[dict]:
+    """One table row per (quantized) model: parameters per tier and the measured bits per parameter."""
+    rows = []
+    for name, model in models.items():
+        r = quant.storage_report(model)
+        tiers = r["params_by_format"]
+        rows.append({"recipe": name, "NVFP4 params": tiers["w4a16"] + tiers["w4a4"], "FP8 params": tiers["fp8"],
+                     "BF16 params": tiers["bf16"], "bits / param": round(r["bits_per_param"], 2),
+                     "MB": round(r["total_bytes"] / 1e6, 2)})
+    return rows
+
+
+def recovery_bars(scorecard: dict, ax=None):
+    """Recovery (quantized / BF16) of every metric of a scorecard (`minispec.quant.report --scorecard`), PTQ
+    next to QAD, with 100 % and each model's median marked."""
+    ax = axes_or_new(ax)
+    evaluation = scorecard["evaluation"]
+    metrics = [m for m in evaluation["ptq"]["recovery"] if m in evaluation["qad"]["recovery"]]
+    width = 0.4
+    for i, stage in enumerate(("ptq", "qad")):
+        values = [100 * evaluation[stage]["recovery"][m] for m in metrics]
+        ax.bar([k + (i - 0.5) * width for k in range(len(metrics))], values, width, color=PALETTE[i],
+               label=f"{stage.upper()} (median {100 * evaluation[stage]['median_recovery']:.2f} %)")
+    ax.axhline(100, color="grey", lw=0.8)
+    ax.set_xticks(range(len(metrics)), metrics, rotation=30, ha="right", fontsize=8)
+    low = min(100 * evaluation[s]["recovery"][m] for s in ("ptq", "qad") for m in metrics)
+    ax.set_ylim(max(0.0, low - 5), None)
+    return finish_axes(ax, f"{scorecard['target']}: recovery per metric", "", "recovery vs BF16 (%)")
 
 
 def sensitivity_bars(scores: dict[str, dict[str, float]], fmt: str = "w4a16", top: int = 20, ax=None):

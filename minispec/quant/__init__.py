@@ -5,23 +5,31 @@
     model, _ = ms.load_target("bolt-mini")
     quant.quantize(model, quant.AGGRESSIVE)          # in place, like Model Optimizer's mtq.quantize
     quant.storage_report(model)["bits_per_param"]
+    quant.quantized_weights(model)                   # the Parameters QAD trains
 """
 from minispec.quant.api import (
     AGGRESSIVE,
     AGGRESSIVE_W4A4,
     ALGORITHMS,
     LIGHTNING_LIKE,
+    SCALES_OF,
+    SUPER_TIERS,
     assign_formats,
     check_recipe,
     formats_of,
     load_recipe,
     packed_state,
+    param_formats,
+    params_by_format,
+    quantizable_modules,
     quantize,
+    quantized_weights,
     save_recipe,
     storage_report,
 )
-from minispec.quant.modules import FORMATS, PackedLinear, QuantLinear
+from minispec.quant.modules import FORMATS, PackedLinear, QuantExperts, QuantLinear
 
-__all__ = ["AGGRESSIVE", "AGGRESSIVE_W4A4", "ALGORITHMS", "FORMATS", "LIGHTNING_LIKE", "PackedLinear", "QuantLinear",
-           "assign_formats", "check_recipe", "formats_of", "load_recipe", "packed_state", "quantize", "save_recipe",
-           "storage_report"]
+__all__ = ["AGGRESSIVE", "AGGRESSIVE_W4A4", "ALGORITHMS", "FORMATS", "LIGHTNING_LIKE", "SCALES_OF", "SUPER_TIERS",
+           "PackedLinear", "QuantExperts", "QuantLinear", "assign_formats", "check_recipe", "formats_of", "load_recipe",
+           "packed_state", "param_formats", "params_by_format", "quantizable_modules", "quantize", "quantized_weights",
+           "save_recipe", "storage_report"]

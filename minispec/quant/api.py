@@ -5,13 +5,21 @@ A recipe is data (a dict, JSON-friendly):
 
     {"name": "aggressive",
      "algorithm": "max" | "mse" | "four_over_six",    how NVFP4 weight block scales are calibrated
-     "scales": "static" | "dynamic",                  frozen block scales, or recomputed every forward
+     "scales": "dynamic" | "static",                  recomputed every forward, or frozen at calibration
      "rules": [["*lm_head", "w4a16"], ["*", "w4a16"]]} module-name glob -> format, first match wins
 
-Rules apply to nn.Linear modules (embeddings and norms are not matmuls with a weight to pack; they stay
-BF16, as in every Nemotron recipe Model Optimizer ships). A module no rule matches stays BF16; a rule
-with format "bf16" states an exception explicitly. Unknown formats, unknown keys, and patterns that
-match no linear layer are errors: a typo in a recipe must not silently leave a model unquantized.
+Calibration and scales come in the pairs of "NVFP4 quantization and QAD of Nemotron 3.5 Lightning":
+max calibration with dynamic scales (max *is* the rule that recomputes them, so QAD sees scales that
+follow its weights), MSE and four-over-six with static scales (their per-block choice is a calibration
+result: recomputing it every forward would be a different algorithm, and QAD is meant to adapt the
+weights to the frozen choice). `scales` defaults to the algorithm's pair; another pair is refused.
+
+Rules apply to the matmul weights: nn.Linear modules (attention, MLP, shared-expert and Mamba in/out
+projections, the output head) and stacked routed experts (`model.layers.{i}.mixer.experts`, 3-D up_proj and
+down_proj, quantized per expert). Embeddings and norms are not matmuls with a weight to pack; they stay
+BF16, as in every Nemotron recipe Model Optimizer ships. A module no rule matches stays BF16; a rule with
+format "bf16" states an exception explicitly. Unknown formats, unknown keys, and patterns that match no
+quantizable module are errors: a typo in a recipe must not silently leave a model unquantized.
 
 Calibration: weights are calibrated from themselves (max / MSE / four-over-six); activations of w4a4
 and fp8 layers from the running max |x| over `forward_loop(model)`, which is required then.
@@ -30,19 +38,24 @@ from minispec.quant.modules import (
     QUANTIZED_INPUT,
     SCALE_KINDS,
     PackedLinear,
+    QuantExperts,
+    QuantizedWeights,
     QuantLinear,
     check_finite,
     check_format,
+    is_stacked_experts,
 )
 
 ALGORITHMS = ("max", "mse", "four_over_six")
+# The scale kind each calibration goes with (the Lightning NVFP4/QAD write-up's pairing; see the module doc).
+SCALES_OF = {"max": "dynamic", "mse": "static", "four_over_six": "static"}
 RECIPE_KEYS = {"name", "algorithm", "scales", "rules", "note"}
 
 # Everything NVFP4, including the output head and attention: the recipe QAD has to rescue.
-AGGRESSIVE = {"name": "aggressive", "algorithm": "max", "scales": "static", "rules": [["*", "w4a16"]],
+AGGRESSIVE = {"name": "aggressive", "algorithm": "max", "scales": "dynamic", "rules": [["*", "w4a16"]],
               "note": "every linear layer NVFP4 W4A16, including attention and the (tied) output head"}
 # The same with NVFP4 activations too (W4A4, dynamic activation block scales, calibrated per-tensor amax).
-AGGRESSIVE_W4A4 = {"name": "aggressive-w4a4", "algorithm": "max", "scales": "static", "rules": [["*", "w4a4"]],
+AGGRESSIVE_W4A4 = {"name": "aggressive-w4a4", "algorithm": "max", "scales": "dynamic", "rules": [["*", "w4a4"]],
                    "note": "every linear layer NVFP4 W4A4, including attention and the (tied) output head"}
 # Lightning's published component map (Model Optimizer's recipe for Nemotron-3.5-Lightning-30B-A3B,
 # ptq/w4a16_nvfp4_4o6.yaml), transposed onto a dense transformer: MLPs and the head NVFP4 W4A16 with
@@ -50,6 +63,18 @@ AGGRESSIVE_W4A4 = {"name": "aggressive-w4a4", "algorithm": "max", "scales": "sta
 LIGHTNING_LIKE = {"name": "lightning-like", "algorithm": "four_over_six", "scales": "static",
                   "rules": [["*self_attn*", "bf16"], ["*", "w4a16"]],
                   "note": "Nemotron-3.5-Lightning's map: MLP and head NVFP4 W4A16 4/6, attention BF16"}
+# The tiers of "Nemotron 3.5 Super and Lightning: Open, Efficient Mixture-of-Experts Hybrid Mamba-Transformer
+# Models for Agentic AI" on a Nemotron-H model (lightning-mini): the matmuls of the routed and shared experts
+# (and of a dense MLP layer, where the pattern has one) NVFP4 with four-over-six weights, attention projections
+# and Mamba in/out projections FP8 (W8A8: a forward_loop calibrates their inputs), the output head above NVFP4
+# (BF16), and everything that is not a matmul weight (embedding, norms, router, conv1d, SSM parameters) BF16.
+SUPER_TIERS = {"name": "super-tiers", "algorithm": "four_over_six", "scales": "static",
+               "rules": [["*mixer.experts", "w4a16"], ["*mixer.shared_experts.*", "w4a16"],
+                         ["*mixer.up_proj", "w4a16"], ["*mixer.down_proj", "w4a16"],
+                         ["*mixer.[qkvo]_proj", "fp8"], ["*mixer.in_proj", "fp8"], ["*mixer.out_proj", "fp8"],
+                         ["lm_head", "bf16"]],
+               "note": "the Super/Lightning paper's tiers: experts and MLPs NVFP4 (4/6), attention and Mamba "
+                       "projections FP8, output head BF16"}
 
 
 def check_recipe(recipe: dict) -> dict:
@@ -59,13 +84,20 @@ def check_recipe(recipe: dict) -> dict:
     unknown = set(recipe) - RECIPE_KEYS
     if unknown:
         raise ValueError(f"unknown recipe keys {sorted(unknown)}; allowed: {sorted(RECIPE_KEYS)}")
-    r = {"name": "custom", "algorithm": "max", "scales": "static", **recipe}
+    r = {"name": "custom", "algorithm": "max", **recipe}
     if r["algorithm"] not in ALGORITHMS:
         raise ValueError(f"unknown calibration algorithm {r['algorithm']!r}: expected one of {ALGORITHMS}")
+    r.setdefault("scales", SCALES_OF[r["algorithm"]])
     if r["scales"] not in SCALE_KINDS:
         raise ValueError(f"scales must be one of {SCALE_KINDS}, got {r['scales']!r}")
-    if r["algorithm"] == "mse" and r["scales"] == "dynamic":
-        raise ValueError("mse calibration picks static block scales; it cannot be combined with scales='dynamic'")
+    if r["scales"] != SCALES_OF[r["algorithm"]]:
+        why = ("max calibration is the rule that recomputes scales from the weights: freezing it would keep "
+               "scales that no longer fit the weights QAD moves" if r["algorithm"] == "max" else
+               f"{r['algorithm']} picks each block's scale by a search at calibration: recomputing it every "
+               "forward would undo that choice (and QAD adapts the weights to the frozen one)")
+        raise ValueError(f"recipe {r['name']!r}: algorithm {r['algorithm']!r} goes with scales="
+                         f"{SCALES_OF[r['algorithm']]!r}, not {r['scales']!r} (the pairing of the Lightning NVFP4/QAD "
+                         f"write-up): {why}")
     rules = r.get("rules")
     if not isinstance(rules, (list, tuple)) or not rules:
         raise ValueError("a recipe needs a non-empty list of [pattern, format] rules")
@@ -82,10 +114,17 @@ def linear_layers(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, QuantLinear, PackedLinear))}
 
 
+def quantizable_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """name -> module for every module holding matmul weights a recipe can quantize, in order: the linear
+    layers and the stacked routed experts (quantized or not)."""
+    return {n: m for n, m in model.named_modules()
+            if isinstance(m, (nn.Linear, QuantLinear, PackedLinear, QuantExperts)) or is_stacked_experts(m)}
+
+
 def assign_formats(model: nn.Module, recipe: dict) -> dict[str, str]:
-    """name -> format for every linear layer, by the first matching rule ("bf16" where none matches)."""
+    """name -> format for every quantizable module, by the first matching rule ("bf16" where none matches)."""
     recipe = check_recipe(recipe)
-    names = list(linear_layers(model))
+    names = list(quantizable_modules(model))
     used = [False] * len(recipe["rules"])
     formats = {}
     for name in names:
@@ -96,8 +135,8 @@ def assign_formats(model: nn.Module, recipe: dict) -> dict[str, str]:
                 break
     for (pattern, fmt), u in zip(recipe["rules"], used):
         if not u and not any(fnmatch.fnmatchcase(n, pattern) for n in names):
-            raise ValueError(f"recipe {recipe['name']!r}: pattern {pattern!r} (-> {fmt}) matches no linear layer; "
-                             f"layer names look like {names[:3]}")
+            raise ValueError(f"recipe {recipe['name']!r}: pattern {pattern!r} (-> {fmt}) matches no linear layer "
+                             f"or experts module; module names look like {names[:3]}")
     return formats
 
 
@@ -114,17 +153,20 @@ def quantize(model: nn.Module, recipe: dict, forward_loop=None) -> nn.Module:
     """
     recipe = check_recipe(recipe)
     formats = assign_formats(model, recipe)
-    layers = linear_layers(model)
+    modules = quantizable_modules(model)
     for name, fmt in formats.items():
-        if isinstance(layers[name], (QuantLinear, PackedLinear)):
+        if isinstance(modules[name], (QuantizedWeights, PackedLinear)):
             raise ValueError(f"{name} is already quantized; quantize a fresh copy of the model")
         if fmt != "bf16":
-            check_finite(layers[name].weight.detach(), f"weight {name}")
+            for w_name, w in modules[name].named_parameters(recurse=False):
+                if w_name != "bias":
+                    check_finite(w.detach(), f"weight {name}.{w_name}")
     quantized = {}
     for name, fmt in formats.items():
         if fmt == "bf16":
             continue
-        q = QuantLinear(layers[name], fmt, recipe["scales"])
+        kind = QuantExperts if is_stacked_experts(modules[name]) else QuantLinear
+        q = kind(modules[name], fmt, recipe["scales"])
         q.calibrate_weight(recipe["algorithm"])
         _set_submodule(model, name, q)
         quantized[name] = q
@@ -147,8 +189,24 @@ def quantize(model: nn.Module, recipe: dict, forward_loop=None) -> nn.Module:
 
 
 def formats_of(model: nn.Module) -> dict[str, str]:
-    """name -> format of every linear layer of a quantized (or plain) model."""
-    return {n: getattr(m, "format", "bf16") for n, m in linear_layers(model).items()}
+    """name -> format of every quantizable module (linear layers, stacked experts) of a quantized (or plain) model."""
+    return {n: getattr(m, "format", "bf16") for n, m in quantizable_modules(model).items()}
+
+
+def quantized_weights(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The full-precision weights of the quantized matmuls, by parameter name: what QAD trains in the
+    Super/Lightning paper ("Nemotron 3.5 Super and Lightning: Open, Efficient Mixture-of-Experts Hybrid
+    Mamba-Transformer Models for Agentic AI"), where norms, embeddings, biases and BF16 layers stay as they are.
+
+    `<layer>.weight` of every QuantLinear and `<experts>.up_proj` / `.down_proj` of every QuantExperts, under
+    the model's own parameter names (`named_parameters`): a Parameter shared by two modules, like an output
+    head tied to its embedding, is listed once, under its first name (`model.embed_tokens.weight`), and
+    training it moves both, since they are one tensor."""
+    quantized = {id(m.raw(w)) for m in model.modules() if isinstance(m, QuantizedWeights) for w in m.weight_names}
+    out = {n: p for n, p in model.named_parameters() if id(p) in quantized}
+    if not out:
+        raise ValueError("the model has no quantized layer: run minispec.quant.quantize first")
+    return out
 
 
 def save_recipe(recipe: dict, path) -> None:
@@ -163,16 +221,19 @@ def load_recipe(path) -> dict:
 
 def packed_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor a quantized checkpoint stores: packed weights and scales of quantized layers (Model
-    Optimizer's names: `<layer>.weight`, `.weight_scale`, `.weight_scale_2`, `.input_scale`), and every
-    other parameter and buffer in BF16 (the exceptions). A tied tensor is stored once per precision."""
+    Optimizer's names: `<layer>.weight`, `.weight_scale`, `.weight_scale_2`, `.input_scale`; routed experts
+    one such layer per expert and projection, `<experts>.{j}.up_proj.weight` ...), and every other
+    parameter and buffer in BF16 (the exceptions). A tied tensor is stored once per precision."""
     out: dict[str, torch.Tensor] = {}
-    quantized = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    quantized = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedWeights)}
+    skip = set()
     for name, q in quantized.items():
-        for key, t in q.packed_weight().items():
+        packed = q.packed_weight() if isinstance(q, QuantLinear) else q.packed_experts()
+        for key, t in packed.items():
             out[f"{name}.{key}"] = t
+        skip |= {f"{name}.{k}" for k, _ in q.named_parameters(recurse=False)}
+        skip |= {f"{name}.{k}" for k, _ in q.named_buffers(recurse=False)}
     seen, persistent = set(), set(model.state_dict())
-    skip = {f"{n}.{k}" for n in quantized for k in ("weight", "bias", "weight_global_scale",
-                                                   "weight_block_scale", "input_amax")}
     params = model.named_parameters(remove_duplicate=False)
     for name, t, is_param in [(n, t, True) for n, t in params] + [(n, t, False) for n, t in model.named_buffers()]:
         if name in skip or name in out or name not in persistent:
@@ -186,11 +247,35 @@ def packed_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def param_formats(model: nn.Module) -> dict[str, str]:
+    """Parameter name -> its storage tier: the format of the quantized matmul that owns it, "bf16" for every
+    other parameter (embeddings, norms, routers, BF16 layers, biases). Tied parameters appear once."""
+    tier = {}
+    for module in model.modules():
+        if isinstance(module, QuantizedWeights):
+            for w_name in module.weight_names:
+                tier[id(module.raw(w_name))] = module.format
+    return {n: tier.get(id(p), "bf16") for n, p in model.named_parameters()}
+
+
+def params_by_format(model: nn.Module) -> dict[str, int]:
+    """Parameters per storage tier (`param_formats`), tied parameters counted once."""
+    counts = dict.fromkeys(FORMATS, 0)
+    params = dict(model.named_parameters())
+    for name, fmt in param_formats(model).items():
+        counts[fmt] += params[name].numel()
+    return counts
+
+
 def storage_report(model: nn.Module) -> dict:
     """Measured bytes of the packed checkpoint, split into NVFP4 codes, NVFP4 block scales, FP8, per-tensor
-    scales and BF16 exceptions, with bits per parameter (parameters counted once, tied ones too)."""
+    scales and BF16 exceptions, with bits per parameter (parameters counted once, tied ones too) and the
+    parameters of each tier (`params_by_format`)."""
     state = packed_state(model)
     fmt = {n: getattr(m, "format", None) for n, m in model.named_modules()}
+    for n, m in model.named_modules():  # the experts' packed tensors are named per expert: <experts>.{j}.up_proj
+        if isinstance(m, QuantExperts):
+            fmt.update({f"{n}.{j}.{w}": m.format for j in range(m.num_experts) for w in m.weight_names})
     parts = {"nvfp4_codes": 0, "nvfp4_block_scales": 0, "fp8_weights": 0, "tensor_scales": 0, "bf16": 0}
     for key, t in state.items():
         layer, _, field = key.rpartition(".")
@@ -210,4 +295,5 @@ def storage_report(model: nn.Module) -> dict:
     total = sum(parts.values())
     return {**parts, "total_bytes": total, "bf16_bytes": 2 * n_params, "params": n_params,
             "bits_per_param": 8 * total / n_params, "compression": 2 * n_params / total,
+            "params_by_format": params_by_format(model),
             "formats": {f: sum(1 for v in formats_of(model).values() if v == f) for f in FORMATS}}

@@ -7,6 +7,9 @@
                <layer>.weight_scale float8_e4m3fn [N, K/16], <layer>.weight_scale_2 float32 [] (= amax/2688),
                <layer>.input_scale float32 [] for W4A4 (activation amax / 2688)
         FP8    <layer>.weight float8_e4m3fn [N, K], <layer>.weight_scale float32 [], <layer>.input_scale
+        routed experts stored stacked ([E, I, H] up_proj, [E, H, I] down_proj) are written one NVFP4 layer
+               per expert and projection, as Model Optimizer exports Nemotron-H: <experts>.{j}.up_proj.weight,
+               .weight_scale, .weight_scale_2 (and the same for down_proj)
         everything else in BF16 (embeddings, norms, layers a recipe keeps in BF16)
 
 Model Optimizer's names for the formats: "NVFP4" (W4A4), "W4A16_NVFP4", "FP8"; one format for the whole
@@ -21,15 +24,27 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from minispec.quant import nvfp4
 from minispec.quant.api import formats_of, linear_layers, packed_state
-from minispec.quant.modules import PackedLinear
+from minispec.quant.modules import EXPERT_WEIGHTS, PackedLinear, is_stacked_experts
 
 ALGO = {"w4a16": "W4A16_NVFP4", "w4a4": "NVFP4", "fp8": "FP8"}
 FORMAT_OF_ALGO = {v: k for k, v in ALGO.items()}
 
 
+def per_expert_names(name: str, experts) -> list[str]:
+    """The layer names Model Optimizer gives the experts of a stacked experts module: <name>.{j}.up_proj, ..."""
+    return [f"{name}.{j}.{w}" for j in range(experts.up_proj.shape[0]) for w in EXPERT_WEIGHTS]
+
+
 def quantization_config(model) -> dict:
-    formats = formats_of(model)
+    formats = {}
+    for name, fmt in formats_of(model).items():
+        module = model.get_submodule(name)
+        if is_stacked_experts(module):
+            formats.update(dict.fromkeys(per_expert_names(name, module), fmt))
+        else:
+            formats[name] = fmt
     used = {f for f in formats.values() if f != "bf16"}
     if not used:
         raise ValueError("the model has no quantized layer: run minispec.quant.quantize first")
@@ -87,8 +102,10 @@ def layer_formats(qcfg: dict, names) -> dict[str, str]:
 def load_quantized(folder, dtype: torch.dtype = torch.float32):
     """A causal LM from a folder `save_quantized` (or Model Optimizer, for these formats) wrote.
 
-    Quantized layers become PackedLinear (packed weights, dequantized inside the W4A16 GEMM); the other
-    tensors load into the model, computed in `dtype`."""
+    Quantized layers become PackedLinear (packed weights, dequantized inside the W4A16 GEMM); routed experts
+    stored per expert are dequantized back into their stacked weights (minispec has no grouped NVFP4 GEMM:
+    they compute with the exact Ŵ, but take BF16-class memory); the other tensors load into the model,
+    computed in `dtype`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
@@ -99,6 +116,19 @@ def load_quantized(folder, dtype: torch.dtype = torch.float32):
     config = AutoConfig.for_model(**raw)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     state = load_file(folder / "model.safetensors")
+    experts = {n: m for n, m in model.named_modules() if is_stacked_experts(m)}
+    expert_formats = layer_formats(qcfg, [e for n, m in experts.items() for e in per_expert_names(n, m)])
+    for name, module in experts.items():
+        for w in EXPERT_WEIGHTS:
+            E, N, K = getattr(module, w).shape
+            layers = [f"{name}.{j}.{w}" for j in range(E)]
+            if all(expert_formats[layer] == "bf16" for layer in layers):
+                continue
+            if any(expert_formats[layer] != "w4a16" for layer in layers):
+                raise ValueError(f"{folder}: the experts of {name} must all be W4A16_NVFP4 or all BF16")
+            state[f"{name}.{w}"] = torch.stack([nvfp4.NVFP4Tensor(
+                state.pop(f"{layer}.weight"), state.pop(f"{layer}.weight_scale"),
+                state.pop(f"{layer}.weight_scale_2").float().reshape(()), (N, K)).dequantize() for layer in layers])
     formats = layer_formats(qcfg, list(linear_layers(model)))
     for name, fmt in formats.items():
         if fmt == "bf16":

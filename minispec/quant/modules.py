@@ -1,4 +1,5 @@
-"""Quantized linear layers: fake quantization for calibration, sensitivity and QAD; packed layers for serving.
+"""Quantized layers (linear layers and routed experts): fake quantization for calibration, sensitivity and QAD;
+packed layers for serving.
 
 Formats (what a recipe maps a module name to; the formats of Model Optimizer's Nemotron recipes):
 
@@ -11,13 +12,19 @@ Fake quantization computes x̂ = dequantize(quantize(x)) in float32 and returns 
 the forward sees x̂, the backward passes the gradient straight through (the straight-through estimator,
 Model Optimizer's default `pass_through_bwd=True`), so QAD can train the full-precision weights.
 
-NVFP4 weight scales come in two kinds (as in Model Optimizer's quantizers):
-    static   block scales fixed at calibration (max, MSE or four-over-six) and kept in a buffer; weights
-             that grow past 6 · s_b · g during QAD saturate. Needed by MSE and four-over-six, whose
-             per-block choice is a calibration result.
-    dynamic  block scales recomputed from the current weight at every forward; only the per-tensor
-             global scale stays as calibrated (Model Optimizer's NVFP4 `type: dynamic`).
+Weight scales come in two kinds, paired with the calibration as in "NVFP4 quantization and QAD of
+Nemotron 3.5 Lightning" (the recipe refuses other pairs: `minispec.quant.api.check_recipe`):
+    static   the global scale and the block scales fixed at calibration and kept in buffers; weights that
+             grow past 6 · s_b · g during QAD saturate. Goes with MSE and four-over-six, whose per-block
+             choice is a calibration result that QAD must not undo.
+    dynamic  every scale, the per-tensor global scale included, recomputed from the current weight at
+             every forward: the quantization follows the weights as QAD moves them. Goes with max
+             calibration, which is exactly that computation. (Model Optimizer's NVFP4 `type: dynamic`
+             keeps the global amax calibrated; torchao's QAT recomputes it, as here.)
 Scales are buffers, never parameters: QAD moves weights, not scales.
+
+A weight is a matrix [N, K] (a linear layer) or a stack of them [E, N, K] (the routed experts of an MoE
+layer): every matrix gets its own scales, so an expert's global scale is its own amax, not the stack's.
 """
 from __future__ import annotations
 
@@ -55,7 +62,8 @@ def check_finite(x: torch.Tensor, what: str) -> None:
 
 def nvfp4_fake(x: torch.Tensor, global_scale: torch.Tensor, block_scales: torch.Tensor | None = None,
                four_over_six: bool = False) -> torch.Tensor:
-    """NVFP4 quantize-dequantize of x [..., K] (K a multiple of 16) with the decode scale g.
+    """NVFP4 quantize-dequantize of x [..., K] (K a multiple of 16) with the decode scale g (0-d, or
+    broadcastable to [..., K // 16]: one g per matrix of a stack of experts).
 
     block_scales [..., K // 16] (E4M3 values as float32) are used if given (static scales); otherwise they
     are computed from x now (dynamic): max → 6, or the four-over-six choice.
@@ -97,11 +105,11 @@ def mse_block_scales(weight: torch.Tensor, global_scale: torch.Tensor,
                      multipliers=MSE_MULTIPLIERS) -> torch.Tensor:
     """Per block, the E4M3 scale of c · a_b / (6 · g) with the c that minimizes the block's squared error.
 
-    weight [N, K]. Returns float32 [N, K // 16]. Candidates are tried in order; the first of equal errors
-    wins, so c = 1 (plain max) is kept unless another multiplier is strictly better (as Model Optimizer's
-    `MseCalibrator` keeps the first argmin).
+    weight [..., N, K]; global_scale broadcastable to [..., N, K // 16]. Returns float32 [..., N, K // 16].
+    Candidates are tried in order; the first of equal errors wins, so c = 1 (plain max) is kept unless
+    another multiplier is strictly better (as Model Optimizer's `MseCalibrator` keeps the first argmin).
     """
-    blocks = weight.float().reshape(weight.shape[0], -1, nvfp4.BLOCK_SIZE)
+    blocks = weight.float().reshape(*weight.shape[:-1], -1, nvfp4.BLOCK_SIZE)
     amax = blocks.abs().amax(dim=-1)
     order = sorted(multipliers, key=lambda c: (c != 1.0, c))  # c = 1 first: it wins ties
     best_scale = best_error = None
@@ -117,9 +125,121 @@ def mse_block_scales(weight: torch.Tensor, global_scale: torch.Tensor,
     return best_scale
 
 
+# --- the scales of a weight [..., N, K]: one set per matrix ------------------------------------------
+
+def global_scale_of(w: torch.Tensor, fmt: str, four_over_six: bool = False) -> torch.Tensor:
+    """Per matrix of w [..., N, K], the per-tensor scale from its amax: NVFP4 g = amax / (6 · 448) (or
+    / (6 · 256) with four-over-six), FP8 amax / 448. Returns float32 [...]."""
+    amax = w.detach().float().abs().amax(dim=(-2, -1))
+    return fp8_scale(amax) if fmt == "fp8" else nvfp4.global_scale_from_amax(amax, four_over_six).to(w.device)
+
+
+def block_scales_of(w: torch.Tensor, g: torch.Tensor, method: str) -> torch.Tensor:
+    """NVFP4 block scales [..., N, K // 16] of w [..., N, K] under per-matrix g [...], by `method`:
+    "max" (max → 6), "mse" (multiplier search) or "four_over_six" (max → 6 or 4, whichever errs less)."""
+    g = g[..., None, None]
+    if method == "mse":
+        return mse_block_scales(w, g)
+    blocks = w.detach().float().reshape(*w.shape[:-1], -1, nvfp4.BLOCK_SIZE)
+    if method == "four_over_six":
+        return nvfp4.four_over_six_block_scales(blocks, g)
+    if method == "max":
+        return nvfp4.block_scales(blocks.abs().amax(dim=-1), g)
+    raise ValueError(f"unknown calibration method {method!r}: expected max, mse or four_over_six")
+
+
+class QuantizedWeights(nn.Module):
+    """What the fake-quantized modules share: weights [..., N, K] quantized to one format, each with its
+    scales as buffers `<weight>_global_scale` [...] and `<weight>_block_scale` [..., N, K // 16] (static
+    NVFP4 only), calibrated by `calibrate_weight` and applied by `quantized(name)`.
+
+    Subclasses name their weights in `weight_names` and keep each as a Parameter under that name."""
+
+    weight_names: tuple[str, ...] = ()
+
+    def _init_quantizer(self, fmt: str, scales: str, device) -> None:
+        if check_format(fmt) == "bf16":
+            raise ValueError("bf16 is the exception format: leave the module unquantized instead")
+        if scales not in SCALE_KINDS:
+            raise ValueError(f"scales must be one of {SCALE_KINDS}, got {scales!r}")
+        self.format, self.scales, self.four_over_six = fmt, scales, False
+        for name in self.weight_names:
+            self.register_buffer(f"{name}_global_scale", torch.ones((), device=device))
+            self.register_buffer(f"{name}_block_scale", torch.empty(0, device=device))
+        self._cache = {}  # name -> ((weight version, data pointer), Ŵ) for no-grad inference
+
+    def raw(self, name: str) -> nn.Parameter:
+        """The full-precision weight `name` (the Parameter QAD trains)."""
+        return self._parameters[name]
+
+    def calibrate_weight(self, method: str = "max") -> None:
+        """Set every weight's scales from the weight: "max", "mse" (NVFP4 multiplier search) or "four_over_six".
+
+        With dynamic scales this only checks the method: the scales are computed at every forward."""
+        if self.scales == "dynamic" and method == "mse":
+            raise ValueError("mse calibration chooses static block scales; use scales='static'")
+        if method not in ("max", "mse", "four_over_six"):
+            raise ValueError(f"unknown calibration method {method!r}: expected max, mse or four_over_six")
+        self.four_over_six = self.format in NVFP4_FORMATS and method == "four_over_six"
+        self._cache = {}  # new scales: a cached Ŵ is stale
+        for name in self.weight_names:
+            w = self.raw(name).detach()
+            check_finite(w, f"the weight {name}")
+            g = global_scale_of(w, self.format, self.four_over_six)
+            setattr(self, f"{name}_global_scale", g)
+            static_nvfp4 = self.format in NVFP4_FORMATS and self.scales == "static"
+            setattr(self, f"{name}_block_scale", block_scales_of(w, g, method) if static_nvfp4
+                    else torch.empty(0, device=w.device))
+
+    def weight_scales(self, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(g [...], block scales [..., N, K // 16] or None for FP8) of weight `name` as the forward uses
+        them: the calibrated buffers (static), or computed from the current weight now (dynamic)."""
+        w = self.raw(name).detach()
+        if self.scales == "dynamic":
+            g = global_scale_of(w, self.format, self.four_over_six)
+            if self.format == "fp8":
+                return g, None
+            return g, block_scales_of(w, g, "four_over_six" if self.four_over_six else "max")
+        g, s = getattr(self, f"{name}_global_scale"), getattr(self, f"{name}_block_scale")
+        if self.format in NVFP4_FORMATS and s.numel() == 0:
+            raise RuntimeError(f"{type(self).__name__} used before calibration: run minispec.quant.quantize")
+        return g, (s if self.format in NVFP4_FORMATS else None)
+
+    def quantized(self, name: str) -> torch.Tensor:
+        """Ŵ of weight `name` with the straight-through estimator (cached while no gradient is needed)."""
+        w = self.raw(name)
+        key = (w._version, w.data_ptr())
+        cached = self._cache.get(name)
+        if not torch.is_grad_enabled() and cached is not None and cached[0] == key:
+            return cached[1]
+        g, s = self.weight_scales(name)
+        if self.format == "fp8":
+            w_hat = fp8_fake(w.detach(), g[..., None, None])
+        else:
+            w_hat = nvfp4_fake(w.detach(), g[..., None, None], s)
+        out = ste(w, w_hat)
+        if not torch.is_grad_enabled():
+            self._cache[name] = (key, out)
+        return out
+
+    def packed(self, name: str) -> dict[str, torch.Tensor]:
+        """The stored form of weight `name` [..., N, K] under the scales the forward uses (Model Optimizer's
+        export names): NVFP4 weight uint8 [..., N, K // 2], weight_scale float8_e4m3fn [..., N, K // 16],
+        weight_scale_2 float32 [...]; FP8 weight float8_e4m3fn [..., N, K], weight_scale float32 [...]."""
+        w = self.raw(name).detach().float()
+        check_finite(w, f"the weight {name}")
+        g, s = self.weight_scales(name)
+        if self.format == "fp8":
+            return {"weight": e4m3_signed(w / g[..., None, None]).to(torch.float8_e4m3fn), "weight_scale": g.float()}
+        blocks = w.reshape(*w.shape[:-1], -1, nvfp4.BLOCK_SIZE)
+        codes = nvfp4.e2m1_encode(nvfp4.quantize_blocks(blocks, s, g[..., None, None])).reshape(w.shape)
+        return {"weight": nvfp4.pack_nibbles(codes), "weight_scale": s.to(torch.float8_e4m3fn),
+                "weight_scale_2": g.float()}
+
+
 # --- the layers -------------------------------------------------------------------------------------
 
-class QuantLinear(nn.Module):
+class QuantLinear(QuantizedWeights):
     """A fake-quantized nn.Linear. It shares the original's weight and bias Parameters (a tied output
     head stays tied to its embedding), and adds its quantizer state as buffers:
 
@@ -128,12 +248,10 @@ class QuantLinear(nn.Module):
         input_amax           calibrated max |x| of the input (w4a4, fp8); 0 until calibrated
     """
 
+    weight_names = ("weight",)
+
     def __init__(self, linear: nn.Linear, fmt: str, scales: str = "static"):
         super().__init__()
-        if check_format(fmt) == "bf16":
-            raise ValueError("bf16 is the exception format: leave the module unquantized instead")
-        if scales not in SCALE_KINDS:
-            raise ValueError(f"scales must be one of {SCALE_KINDS}, got {scales!r}")
         if fmt in NVFP4_FORMATS and linear.in_features % nvfp4.BLOCK_SIZE:
             raise ValueError(f"NVFP4 needs in_features to be a multiple of {nvfp4.BLOCK_SIZE} (blocks run along "
                              f"K); this layer has in_features={linear.in_features}. minispec does not pad: keep it "
@@ -141,67 +259,19 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.format = fmt
-        self.scales = scales
-        self.four_over_six = False
+        self._init_quantizer(fmt, scales, linear.weight.device)
         self.calibrating = False
-        self.register_buffer("weight_global_scale", torch.ones((), device=linear.weight.device))
-        self.register_buffer("weight_block_scale", torch.empty(0, device=linear.weight.device))
         self.register_buffer("input_amax", torch.zeros((), device=linear.weight.device))
-        self._cache = None  # (weight version, data pointer, x̂) for no-grad inference
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}, "
                 f"scales={self.scales}{', four_over_six' if self.four_over_six else ''}")
 
-    # --- calibration ---
-
-    def calibrate_weight(self, method: str = "max") -> None:
-        """Set the weight scales from the weight: "max", "mse" (NVFP4 multiplier search) or "four_over_six"."""
-        w = self.weight.detach().float()
-        check_finite(w, "the weight")
-        self._cache = None  # new scales: a cached Ŵ is stale
-        amax = w.abs().amax()
-        if self.format == "fp8":
-            self.weight_global_scale = fp8_scale(amax)
-            return
-        self.four_over_six = method == "four_over_six"
-        g = nvfp4.global_scale_from_amax(amax, self.four_over_six).to(w.device)
-        self.weight_global_scale = g
-        blocks = w.reshape(w.shape[0], -1, nvfp4.BLOCK_SIZE)
-        if self.scales == "dynamic":
-            if method == "mse":
-                raise ValueError("mse calibration chooses static block scales; use scales='static'")
-            self.weight_block_scale = torch.empty(0, device=w.device)
-        elif method == "max":
-            self.weight_block_scale = nvfp4.block_scales(blocks.abs().amax(dim=-1), g)
-        elif method == "mse":
-            self.weight_block_scale = mse_block_scales(w, g)
-        elif method == "four_over_six":
-            self.weight_block_scale = nvfp4.four_over_six_block_scales(blocks, g)
-        else:
-            raise ValueError(f"unknown calibration method {method!r}: expected max, mse or four_over_six")
-
     # --- forward ---
 
     def quantized_weight(self) -> torch.Tensor:
-        """Ŵ with the straight-through estimator (cached while no gradient is needed)."""
-        w = self.weight
-        key = (w._version, w.data_ptr())
-        if not torch.is_grad_enabled() and self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
-        if self.format == "fp8":
-            w_hat = fp8_fake(w.detach(), fp8_scale(w.detach().abs().amax()) if self.scales == "dynamic"
-                             else self.weight_global_scale)
-        else:
-            static = self.weight_block_scale if self.scales == "static" else None
-            if static is not None and static.numel() == 0:
-                raise RuntimeError("QuantLinear used before calibration: run minispec.quant.quantize")
-            w_hat = nvfp4_fake(w.detach(), self.weight_global_scale, static, self.four_over_six)
-        out = ste(w, w_hat)
-        if not torch.is_grad_enabled():
-            self._cache = (key, out)
-        return out
+        """Ŵ [N, K] with the straight-through estimator."""
+        return self.quantized("weight")
 
     def quantized_input(self, x: torch.Tensor) -> torch.Tensor:
         if self.format not in QUANTIZED_INPUT:
@@ -222,32 +292,106 @@ class QuantLinear(nn.Module):
     # --- real storage ---
 
     def packed_weight(self) -> dict[str, torch.Tensor]:
-        """The stored form of the weight under the calibrated scales (Model Optimizer's export names):
-        NVFP4: weight uint8 [N, K // 2], weight_scale float8_e4m3fn [N, K // 16], weight_scale_2 float32;
-        FP8: weight float8_e4m3fn [N, K], weight_scale float32. Plus input_scale when activations are quantized."""
-        w = self.weight.detach().float()
-        check_finite(w, "the weight")
-        if self.format == "fp8":
-            s = fp8_scale(w.abs().amax()) if self.scales == "dynamic" else self.weight_global_scale
-            out = {"weight": e4m3_signed(w / s).to(torch.float8_e4m3fn), "weight_scale": s.float().reshape(())}
-        else:
-            g = self.weight_global_scale.float()
-            blocks = w.reshape(w.shape[0], -1, nvfp4.BLOCK_SIZE)
-            if self.scales == "static":
-                scales = self.weight_block_scale
-            elif self.four_over_six:
-                scales = nvfp4.four_over_six_block_scales(blocks, g)
-            else:
-                scales = nvfp4.block_scales(blocks.abs().amax(dim=-1), g)
-            codes = nvfp4.e2m1_encode(nvfp4.quantize_blocks(blocks, scales, g)).reshape(w.shape)
-            out = {"weight": nvfp4.pack_nibbles(codes), "weight_scale": scales.to(torch.float8_e4m3fn),
-                   "weight_scale_2": g.reshape(())}
+        """The stored form of the layer (Model Optimizer's export names): `packed("weight")`, plus
+        input_scale when activations are quantized, and the bias in BF16."""
+        out = self.packed("weight")
         if self.format in QUANTIZED_INPUT:
             amax = self.input_amax.float()
             out["input_scale"] = (fp8_scale(amax) if self.format == "fp8"
                                   else nvfp4.global_scale_from_amax(amax)).reshape(())
         if self.bias is not None:
             out["bias"] = self.bias.detach().to(torch.bfloat16)
+        return out
+
+
+EXPERT_WEIGHTS = ("up_proj", "down_proj")
+
+
+def is_stacked_experts(module: nn.Module) -> bool:
+    """Routed experts stored as stacked matrices: 3-D Parameters up_proj [E, I, H] and down_proj [E, H, I]
+    (minispec's lightning-mini and transformers' NemotronHExperts alike)."""
+    params = dict(module.named_parameters(recurse=False))
+    return set(params) == set(EXPERT_WEIGHTS) and all(p.dim() == 3 for p in params.values())
+
+
+class QuantExperts(QuantizedWeights):
+    """Fake-quantized routed experts in place of stacked experts (`is_stacked_experts`).
+
+    `up_proj` [E, I, H] and `down_proj` [E, H, I] read as the fake-quantized weights, so the MoE layer
+    that reads them is unchanged; the Parameters stay registered under the same names (state-dict keys
+    as before, shared with the original module) and are what QAD trains. Each expert has its own scales,
+    the layout Model Optimizer exports for Nemotron-H (one `experts.{j}.up_proj` with its weight,
+    weight_scale and weight_scale_2 per expert):
+
+        up_proj_global_scale [E], up_proj_block_scale [E, I, H // 16], and the same for down_proj.
+
+    Weight-only: the MoE layer multiplies its activations by these weights directly, so only "w4a16"
+    (NVFP4 weights, 16-bit activations) is accepted, the format of the routed experts in Model
+    Optimizer's Nemotron recipes for Hopper-class serving.
+
+    minispec's MoE (`minispec.ssm.hybrid`) reads the two properties; transformers' NemotronH MoE calls the
+    experts module instead, `forward(hidden_states, top_k_index, top_k_weights)` below.
+    """
+
+    weight_names = EXPERT_WEIGHTS
+
+    def __init__(self, experts: nn.Module, fmt: str, scales: str = "static"):
+        super().__init__()
+        if not is_stacked_experts(experts):
+            raise ValueError("QuantExperts needs stacked experts (3-D up_proj and down_proj), "
+                             f"got {type(experts).__name__}")
+        if fmt != "w4a16":
+            raise ValueError(f"routed experts take weight-only NVFP4 ('w4a16'), got {fmt!r}: the MoE layer reads "
+                             "their weights directly, so their activations are not quantized")
+        for name in EXPERT_WEIGHTS:
+            k = getattr(experts, name).shape[-1]
+            if k % nvfp4.BLOCK_SIZE:
+                raise ValueError(f"NVFP4 needs {name}'s last dimension to be a multiple of {nvfp4.BLOCK_SIZE}, "
+                                 f"got {k}")
+            # Registered directly: the name is also the property below, which nn.Module's setattr would refuse.
+            self._parameters[name] = getattr(experts, name)
+        self.num_experts = experts.up_proj.shape[0]
+        self.act_fn = getattr(experts, "act_fn", None)  # transformers' experts carry theirs; minispec's MoE applies it
+        self._init_quantizer(fmt, scales, experts.up_proj.device)
+
+    def extra_repr(self) -> str:
+        E, inter, hidden = self.raw("up_proj").shape
+        return (f"experts={E}, hidden={hidden}, intermediate={inter}, format={self.format}, scales={self.scales}"
+                f"{', four_over_six' if self.four_over_six else ''}")
+
+    @property
+    def up_proj(self) -> torch.Tensor:
+        """Ŵ_up [E, I, H] (straight-through estimator)."""
+        return self.quantized("up_proj")
+
+    @property
+    def down_proj(self) -> torch.Tensor:
+        """Ŵ_down [E, H, I] (straight-through estimator)."""
+        return self.quantized("down_proj")
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        """transformers' NemotronHExperts call: x [T, H], top_k_index and top_k_weights [T, k] -> [T, H],
+        Σ_k w_k · down_e(act(up_e(x))) over each token's chosen experts e (every expert computed, unchosen
+        ones weighted 0: E is small here)."""
+        if self.act_fn is None:
+            raise RuntimeError("these experts came from a model whose MoE layer applies the activation itself: "
+                               "read up_proj / down_proj instead of calling the module")
+        w = torch.zeros(*top_k_index.shape[:-1], self.num_experts, dtype=top_k_weights.dtype,
+                        device=hidden_states.device).scatter(-1, top_k_index, top_k_weights)
+        h = self.act_fn(torch.einsum("td,eid->tei", hidden_states, self.up_proj.to(hidden_states.dtype)))
+        y = torch.einsum("tei,edi->ted", h, self.down_proj.to(hidden_states.dtype))
+        return torch.einsum("te,ted->td", w.to(y.dtype), y)
+
+    def packed_experts(self) -> dict[str, torch.Tensor]:
+        """Per expert j and projection, Model Optimizer's Nemotron-H export names and shapes:
+        `{j}.up_proj.weight` uint8 [I, H // 2], `{j}.up_proj.weight_scale` float8_e4m3fn [I, H // 16],
+        `{j}.up_proj.weight_scale_2` float32 [], and the same for down_proj."""
+        out = {}
+        for name in EXPERT_WEIGHTS:
+            for field, t in self.packed(name).items():
+                for j in range(self.num_experts):
+                    out[f"{j}.{name}.{field}"] = t[j]
         return out
 
 

@@ -159,11 +159,12 @@ def global_scale_from_amax(amax: torch.Tensor | float, four_over_six: bool = Fal
     """The per-tensor decode scale g = amax / (6 · 448), or amax / (6 · 256) with four-over-six.
 
     amax: the tensor's max |x| (weights: from the weight itself; activations: from calibration), a
-    number or a one-element tensor. Returns a float32 0-d tensor, floored at 2**-126 so that an all-zero
-    tensor (or one so tiny that the division underflows) still gets a usable scale.
+    number or a tensor of them (one per tensor: [E] for E stacked expert matrices). Returns float32 of
+    amax's shape, floored at 2**-126 so that an all-zero tensor (or one so tiny that the division
+    underflows) still gets a usable scale.
     """
     fp8_max = E4M3_MAX_FOUR_OVER_SIX if four_over_six else E4M3_MAX
-    amax = torch.as_tensor(amax, dtype=torch.float32).reshape(())
+    amax = torch.as_tensor(amax, dtype=torch.float32)
     return (amax / (E2M1_MAX * fp8_max)).clamp(min=FP32_MIN_NORMAL)
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minispec.quant.api import linear_layers
+from minispec.quant.api import SCALES_OF, linear_layers
 from minispec.quant.modules import FORMATS, QUANTIZED_INPUT, QuantLinear, check_format
 
 
@@ -147,8 +147,9 @@ def search_formats(scores: dict[str, dict[str, float]], sizes: dict[str, int], b
 
 def recipe_from_formats(formats: dict[str, str], name: str, algorithm: str = "four_over_six",
                         note: str = "") -> dict:
-    """A recipe of exact-name rules (every layer listed, bf16 ones as explicit exceptions)."""
-    return {"name": name, "algorithm": algorithm, "scales": "static",
+    """A recipe of exact-name rules (every layer listed, bf16 ones as explicit exceptions), with the scale kind
+    that goes with `algorithm` (`SCALES_OF`)."""
+    return {"name": name, "algorithm": algorithm, "scales": SCALES_OF[algorithm],
             "rules": [[n, f] for n, f in formats.items()], "note": note}
 
 

@@ -244,9 +244,13 @@ class HybridLM(nn.Module):
     @classmethod
     def from_hf(cls, hf_model) -> HybridLM:
         """A transformers `NemotronHForCausalLM` as a HybridLM that shares its weight tensors (strict: every name
-        must match): nothing is copied, and a change to either model's weights is a change to both."""
+        must match): nothing is copied, and a change to either model's weights is a change to both. Modules that
+        `minispec.quant.quantize` put in (they name their packed weights in `weight_names`) carry over as they are."""
         with torch.device("meta"):
             model = cls(hf_model.config)
+        for name, module in hf_model.named_modules():
+            if hasattr(module, "weight_names"):
+                model.set_submodule(name, module)
         model.load_state_dict(hf_model.state_dict(), strict=True, assign=True)
         return model.eval()
 

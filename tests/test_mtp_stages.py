@@ -10,7 +10,7 @@ from transformers import NemotronHConfig, NemotronHForCausalLM
 import minispec as ms
 from minispec.mtp import MTPDrafter, MTPHead, check_head_fits, stages
 from minispec.mtp.backbone import Backbone
-from minispec.quant.report import load_result
+from minispec.results import load_result
 from minispec.ssm.hybrid import HybridLM
 from minispec.targets.replies import replies_to
 

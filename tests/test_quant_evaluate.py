@@ -112,3 +112,36 @@ def test_evaluate_models_report(target_and_drafter):
     assert 0 < rep["q"]["metrics"]["agreement"] <= 1
     rows = ev.recovery_table(rep)
     assert rows[-2]["metric"] == "MEDIAN RECOVERY" and rows[-1]["metric"] == "reply length"
+
+
+def test_prefix_share_counts_tokens_before_the_first_difference():
+    ref = [torch.tensor([5, 6, 7, 1]), torch.tensor([8, 9])]
+    assert ev.prefix_share(ref, ref) == 1.0
+    assert ev.prefix_share([torch.tensor([5, 6, 4, 4, 1]), torch.tensor([3])], ref) == pytest.approx((2 / 4 + 0) / 2)
+    assert ev.prefix_share([torch.tensor([5, 6]), torch.tensor([8, 9, 10])], ref) == pytest.approx((2 / 4 + 1) / 2)
+
+
+def test_chat_suite_scores_bf16_as_one_and_a_quantized_model_below(target_and_drafter):
+    from minispec.targets.evalset import EvalSet
+
+    target, _ = target_and_drafter
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(4, 4096, (n,), generator=g) for n in (7, 11, 9)]
+    es = EvalSet([torch.randint(4, 4096, (20,), generator=g) for _ in range(3)],
+                 torch.randint(4, 4096, (3, 8), generator=g), ["a", "b", "c"])
+    q = quant.quantize(copy.deepcopy(target), quant.AGGRESSIVE)
+    saved = {}
+    rep = ev.chat_suite(target, {"bf16 copy": copy.deepcopy(target), "q": q}, prompts, es, 3, max_new_tokens=6,
+                        on_row=lambda name, row: saved.update({name: row}))
+    assert set(rep["bf16"]["metrics"]) == {"mtbench/agreement", "mtbench/exp_neg_kl", "mtbench/prefix",
+                                           "eval/accuracy", "eval/likelihood", "eval/agreement"}
+    assert rep["bf16"]["metrics"]["mtbench/agreement"] == 1.0 and rep["bf16"]["metrics"]["mtbench/exp_neg_kl"] == 1.0
+    copy_row = rep["bf16 copy"]
+    assert copy_row["median_recovery"] == pytest.approx(1.0) and copy_row["length_drift"] == 0.0
+    assert all(r == pytest.approx(1.0, abs=1e-6) for r in copy_row["recovery"].values())
+    assert rep["q"]["metrics"]["mtbench/exp_neg_kl"] < 1.0 and rep["q"]["median_recovery"] <= 1.0
+    assert rep["q"]["reply_lengths"] == [6, 6, 6]  # a random model never says EOS: replies run to the cap
+    assert set(saved) == {"bf16", "bf16 copy", "q"}
+    again = ev.chat_suite(target, {"q": q}, prompts, es, 3, max_new_tokens=6,
+                          done={"bf16": saved["bf16"], "q": {"cached": True}})
+    assert again["q"] == {"cached": True} and again["bf16"] == saved["bf16"]  # a rerun keeps the rows scored

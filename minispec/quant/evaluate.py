@@ -18,10 +18,23 @@ Super and Lightning: Open, Efficient Mixture-of-Experts Hybrid Mamba-Transformer
 caps it at +5 %. Its replies end at EOS; bolt-mini's greedy continuations of held-out files rarely reach
 EOS within the cap, so a reply here ends at EOS or at the first blank line (`reply_stop_ids`), the end of
 a block of code. Replies start near the end of held-out files.
+
+A chat target (SmolLM2-135M-Instruct) is scored by `chat_suite` on what it is for, answering, with the
+frozen BF16 model's greedy replies to MT-Bench's first turns as the reference, and on the eval set:
+
+    mtbench/agreement   fraction of the BF16 reply's tokens that are the model's own argmax, given the
+                        reply so far (teacher-forced greedy agreement; BF16: 1)
+    mtbench/exp_neg_kl  exp(−KL(BF16 ‖ model)), the KL per token on the BF16 replies (BF16: 1)
+    mtbench/prefix      the share of the BF16 reply that the model's own free-running greedy reply repeats
+                        before it first differs (BF16: 1)
+    eval/accuracy, eval/likelihood, eval/agreement   as above, on the eval set's continuations
+
+plus the reply-length drift of its free-running greedy replies to the same prompts, which end at EOS.
 """
 from __future__ import annotations
 
 import keyword
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -256,3 +269,99 @@ def recovery_table(report: dict) -> list[dict]:
                      **{n: f"{report[n]['mean_reply_length']:.1f} ({100 * report[n]['length_drift']:+.1f}%)"
                         for n in names}})
     return rows
+
+
+# --- a chat target: MT-Bench first turns ------------------------------------------------------------
+
+def greedy_replies(model, prompts: list[torch.Tensor], max_new_tokens: int, batch: int = 16) -> list[torch.Tensor]:
+    """Each prompt's greedy reply [n_i], EOS included where it came within `max_new_tokens`."""
+    from minispec.speculative.autoregressive import autoregressive_generate
+
+    model.eval()
+    out = []
+    for i in range(0, len(prompts), batch):
+        gen = autoregressive_generate(model, prompts[i: i + batch], max_new_tokens)
+        out += [row[:n].clone() for row, n in zip(gen.tokens, gen.lengths.tolist())]
+    return out
+
+
+@torch.no_grad()
+def reply_scores(teacher, model, prompts: list[torch.Tensor], replies: list[torch.Tensor]) -> dict[str, float]:
+    """Teacher-forced on each prompt + the teacher's greedy reply: the share of reply tokens that are the
+    model's argmax (agreement) and exp(−mean KL(teacher ‖ model)) over the reply tokens."""
+    from minispec.kl import kl_divergence
+
+    model.eval()
+    agree = kl = count = 0.0
+    for prompt, reply in zip(prompts, replies):
+        ids = torch.cat([prompt, reply])[None]
+        span = slice(len(prompt) - 1, ids.shape[1] - 1)
+        t = teacher(input_ids=ids).logits[0, span].float()
+        m = t if model is teacher else model(input_ids=ids).logits[0, span].float()
+        agree += (m.argmax(-1) == reply).sum().item()
+        kl += kl_divergence(t, m, reduction="none").sum().item()
+        count += len(reply)
+    return {"agreement": agree / count, "exp_neg_kl": math.exp(-kl / count)}
+
+
+def prefix_share(replies: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """Mean over prompts of (tokens before the first difference from the reference reply) / its length."""
+    shares = []
+    for r, ref in zip(replies, reference):
+        n = min(len(r), len(ref))
+        diff = (r[:n] != ref[:n]).nonzero()
+        shares.append((int(diff[0]) if len(diff) else n) / len(ref))
+    return sum(shares) / len(shares)
+
+
+def chat_suite(teacher, models: dict, prompts: list[torch.Tensor], evalset, n_eval: int,
+               max_new_tokens: int = 256, teacher_replies: list[torch.Tensor] | None = None,
+               done: dict | None = None, on_row=None) -> dict:
+    """The chat scorecard of the module doc for the BF16 `teacher` and each model in `models` (name -> model):
+    metrics, recoveries, median recovery and reply-length drift, as `evaluate_models` reports them.
+
+    prompts: MT-Bench first turns (chat template applied). teacher_replies: the teacher's greedy replies to
+    them, if already made. done: rows already scored ("bf16" and model names; a resumed run skips them);
+    on_row(name, row) is called after each row is scored (a resumable caller saves there)."""
+    teacher_replies = teacher_replies or greedy_replies(teacher, prompts, max_new_tokens)
+    done = done or {}
+    todo = {name: model for name, model in models.items() if name not in done}
+    ref = predictions(teacher, evalset, n_eval) if todo or "bf16" not in done else None
+    bf16_lengths = torch.tensor([len(r) for r in teacher_replies])
+    if "bf16" in done:
+        report = {"bf16": done["bf16"]}
+    else:
+        bf16 = {f"mtbench/{k}": v for k, v in reply_scores(teacher, teacher, prompts, teacher_replies).items()}
+        bf16["mtbench/prefix"] = 1.0
+        bf16.update({f"eval/{k}": v for k, v in _eval_metrics(ref, ref).items()})
+        report = {"bf16": {"metrics": bf16, "mean_reply_length": bf16_lengths.float().mean().item(),
+                           "reply_lengths": bf16_lengths.tolist()}}
+        if on_row is not None:
+            on_row("bf16", report["bf16"])
+    bf16 = report["bf16"]["metrics"]
+    for name in models:
+        if name in done:
+            report[name] = done[name]
+            continue
+        model = todo[name]
+        metrics = {f"mtbench/{k}": v for k, v in reply_scores(teacher, model, prompts, teacher_replies).items()}
+        own = greedy_replies(model, prompts, max_new_tokens)
+        metrics["mtbench/prefix"] = prefix_share(own, teacher_replies)
+        metrics.update({f"eval/{k}": v for k, v in _eval_metrics(predictions(model, evalset, n_eval), ref).items()})
+        lengths = torch.tensor([len(r) for r in own])
+        row = {"metrics": metrics, "recovery": recovery(metrics, bf16),
+               "median_recovery": median_recovery(metrics, bf16),
+               "mean_reply_length": lengths.float().mean().item(), "reply_lengths": lengths.tolist(),
+               "length_drift": length_drift(lengths, bf16_lengths)}
+        row["length_drift_ok"] = abs(row["length_drift"]) <= LENGTH_DRIFT_CAP
+        report[name] = row
+        if on_row is not None:
+            on_row(name, row)
+    return report
+
+
+def _eval_metrics(pred: Predictions, reference: Predictions) -> dict[str, float]:
+    """accuracy, likelihood and agreement on the eval set (the category split is for code models)."""
+    correct = (pred.argmax == pred.targets).float()
+    return {"accuracy": correct.mean().item(), "likelihood": pred.logprob.mean().exp().item(),
+            "agreement": (pred.argmax == reference.argmax).float().mean().item()}

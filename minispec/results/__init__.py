@@ -1,0 +1,32 @@
+"""Measured results the notebooks show without re-running them: small JSON files beside this module, each
+written by the command recorded inside it. `load_result(name)` reads one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent
+
+
+def load_result(name: str) -> dict:
+    """A shipped result by its file name without `.json`.
+
+    `smollm2-135m-nvfp4-scorecard` (written by `--scorecard`):
+        target, recipe (the recipe dict), machine (`minispec.bench.timing.machine`; a string in the shipped file),
+        commands (the QAD command, then the scoring command(s)),
+        suite {mtbench_prompts, max_new_tokens, eval_prompts, metrics: [metric names]},
+        qad (the QAD run's summary.json: steps and settings, trained / total parameters, held-out KL before and
+            after, seconds), seconds {scoring},
+        evaluation {"bf16" | "ptq" | "qad": {metrics {name: value}, recovery {name: model / BF16} (not BF16),
+            median_recovery (not BF16), mean_reply_length, reply_lengths, length_drift, length_drift_ok}},
+        table (`evaluate.recovery_table` rows), median_recovery {"ptq", "qad"}, length_drift {"ptq", "qad"}.
+    `bolt-mini-calibration` (`python -m minispec.quant.calibration`): `calibration.calibration_grid`'s dict,
+        with target and command.
+    `mtp-hsm-study`, `mtp-transfer` (`python -m minispec.mtp.stages hsm | transfer`): see `minispec.mtp.stages`.
+    """
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        shipped = sorted(p.stem for p in RESULTS.glob("*.json"))
+        raise FileNotFoundError(f"no result {name!r} in {RESULTS}; shipped: {shipped}")
+    return json.loads(path.read_text())

@@ -1,0 +1,47 @@
+"""minispec.results and minispec.quant.report: the shipped scorecards load and are consistent with themselves,
+an unknown name is refused with the list of shipped ones, and `--scorecard` refuses a target that is not a chat
+model."""
+import json
+import statistics
+
+import pytest
+
+from minispec import results
+from minispec.quant import report
+
+
+def test_unknown_result_names_the_shipped_ones(tmp_path, monkeypatch):
+    (tmp_path / "a-result.json").write_text(json.dumps({"x": 1}))
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    assert results.load_result("a-result") == {"x": 1}
+    with pytest.raises(FileNotFoundError, match=r"shipped: \['a-result'\]"):
+        results.load_result("nope")
+
+
+def test_smollm2_scorecard_is_consistent():
+    card = results.load_result("smollm2-135m-nvfp4-scorecard")
+    ev = card["evaluation"]
+    assert card["recipe"]["name"] == "aggressive" and card["machine"] and len(card["commands"]) >= 2
+    assert card["commands"][0].startswith("python -m minispec.quant.qad ")
+    assert all(c.startswith("python -m minispec.quant.report ") for c in card["commands"][1:])
+    assert set(ev["bf16"]["metrics"]) == set(card["suite"]["metrics"])
+    assert all(v == 1.0 for k, v in ev["bf16"]["metrics"].items() if k.startswith("mtbench/") or k == "eval/agreement")
+    for name in ("ptq", "qad"):
+        row = ev[name]
+        assert row["median_recovery"] == pytest.approx(statistics.median(row["recovery"].values()))
+        assert card["median_recovery"][name] == row["median_recovery"]
+        assert row["length_drift"] == pytest.approx(row["mean_reply_length"] / ev["bf16"]["mean_reply_length"] - 1)
+        assert len(row["reply_lengths"]) == card["suite"]["mtbench_prompts"]
+    assert card["qad"]["train"] == "quantized" and card["qad"]["settings"]["steps"] >= 1
+
+
+def test_calibration_grid_is_shipped():
+    grid = results.load_result("bolt-mini-calibration")
+    for r in grid["recipes"].values():
+        assert len(r["kl"]) == len(grid["counts"]) and all(len(row) == len(grid["lengths"]) for row in r["kl"])
+    assert grid["weights_only"]["kl"] > 0
+
+
+def test_scorecard_refuses_a_model_without_chat_template():
+    with pytest.raises(ValueError, match="chat target"):
+        report.main(["--target", "bolt-mini", "--scorecard"])

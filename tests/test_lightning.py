@@ -2,27 +2,12 @@
 decoding over it with both Mamba state strategies."""
 import pytest
 import torch
-from transformers import NemotronHConfig, NemotronHForCausalLM
 
 import minispec as ms
 from minispec.ssm.hybrid import HybridLM
+from tiny import tiny_nemotron_h
 
 PATTERN = "M*EM-"
-
-
-def tiny_hf(seed=0):
-    torch.manual_seed(seed)
-    cfg = NemotronHConfig(vocab_size=64, hidden_size=32, hybrid_override_pattern=PATTERN, num_attention_heads=2,
-                          num_key_value_heads=1, head_dim=16, intermediate_size=48, mamba_num_heads=4,
-                          mamba_head_dim=8, ssm_state_size=8, n_groups=2, chunk_size=8, n_routed_experts=4,
-                          num_experts_per_tok=2, moe_intermediate_size=16, moe_shared_expert_intermediate_size=16,
-                          pad_token_id=0, eos_token_id=1, bos_token_id=2)
-    model = NemotronHForCausalLM(cfg).eval()
-    with torch.no_grad():  # the default init leaves the router at zero scores; give routing something to do
-        for layer in model.model.layers:
-            if layer.block_type == "moe":
-                layer.mixer.gate.weight.normal_(0, 0.5)
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +17,7 @@ def shipped():
 
 
 def test_same_weights_same_logits_tiny():
-    hf = tiny_hf()
+    hf = tiny_nemotron_h()
     model = HybridLM.from_hf(hf)
     assert model.pattern == PATTERN
     ids = torch.randint(3, 64, (2, 37), generator=torch.Generator().manual_seed(0))
@@ -48,7 +33,7 @@ def test_same_weights_same_logits_tiny():
 
 @pytest.mark.parametrize("strategy", ["replay", "per-position"])
 def test_cached_decoding_equals_the_full_forward_tiny(strategy):
-    model = HybridLM.from_hf(tiny_hf())
+    model = HybridLM.from_hf(tiny_nemotron_h())
     ids = torch.randint(3, 64, (1, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(ids).logits

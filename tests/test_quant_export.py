@@ -81,9 +81,11 @@ def test_load_refuses_plain_and_unknown(model, tmp_path):
 
 
 def test_hybrid_moe_round_trip_writes_one_layer_per_expert(tmp_path):
-    from test_quant_moe import IDS, calib, tiny_hf
+    from test_quant_moe import IDS, calib
 
-    hf = tiny_hf()
+    from tiny import tiny_nemotron_h
+
+    hf = tiny_nemotron_h()
     with torch.no_grad():
         for p in hf.parameters():
             p.copy_(p.bfloat16().float())

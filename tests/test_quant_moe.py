@@ -4,29 +4,13 @@ import copy
 
 import pytest
 import torch
-from transformers import NemotronHConfig, NemotronHForCausalLM
 
 import minispec as ms
 from minispec import costs, quant
 from minispec.quant import nvfp4
 from minispec.quant.modules import QuantExperts, QuantLinear
 from minispec.ssm.hybrid import HybridLM
-
-
-def tiny_hf(seed=0):
-    torch.manual_seed(seed)
-    cfg = NemotronHConfig(vocab_size=64, hidden_size=32, hybrid_override_pattern="M*EM-", num_attention_heads=2,
-                          num_key_value_heads=1, head_dim=16, intermediate_size=48, mamba_num_heads=4,
-                          mamba_head_dim=8, ssm_state_size=8, n_groups=2, chunk_size=8, n_routed_experts=4,
-                          num_experts_per_tok=2, moe_intermediate_size=16, moe_shared_expert_intermediate_size=16,
-                          pad_token_id=0, eos_token_id=1, bos_token_id=2)
-    model = NemotronHForCausalLM(cfg).eval()
-    with torch.no_grad():  # the default init leaves the router at zero scores; give routing something to do
-        for layer in model.model.layers:
-            if layer.block_type == "moe":
-                layer.mixer.gate.weight.normal_(0, 0.5)
-    return model
-
+from tiny import tiny_nemotron_h
 
 IDS = torch.randint(3, 64, (1, 20), generator=torch.Generator().manual_seed(0))
 
@@ -36,7 +20,7 @@ def calib(m):
 
 
 def test_each_expert_has_its_own_scales():
-    experts = HybridLM.from_hf(tiny_hf()).model.layers[2].mixer.experts
+    experts = HybridLM.from_hf(tiny_nemotron_h()).model.layers[2].mixer.experts
     with torch.no_grad():
         experts.up_proj[1] *= 100.0  # one loud expert must not coarsen the others' grids
     static = QuantExperts(copy.deepcopy(experts), "w4a16", "static")
@@ -63,7 +47,7 @@ def test_each_expert_has_its_own_scales():
 
 
 def test_hf_and_minispec_models_quantize_alike_and_only_matmul_weights_train():
-    hf = tiny_hf()
+    hf = tiny_nemotron_h()
     q_hf = quant.quantize(copy.deepcopy(hf), quant.SUPER_TIERS, calib)
     q_ms = quant.quantize(HybridLM.from_hf(copy.deepcopy(hf)), quant.SUPER_TIERS, calib)
     for q in (q_hf, q_ms):
@@ -84,7 +68,7 @@ def test_hf_and_minispec_models_quantize_alike_and_only_matmul_weights_train():
 
 
 def test_expert_formats_and_bad_input_are_refused():
-    hf = tiny_hf()
+    hf = tiny_nemotron_h()
     with pytest.raises(ValueError, match="routed experts take weight-only NVFP4"):
         quant.quantize(copy.deepcopy(hf), {"rules": [["*", "w4a4"]]}, calib)
     q = quant.quantize(copy.deepcopy(hf), {"rules": [["*experts", "w4a16"]]})

@@ -225,7 +225,7 @@ def test_temperature_sweep_runs_every_drafter_at_every_temperature(tiny_pair):
 @pytest.mark.parametrize("path", sorted(NOTEBOOK.parent.glob("*.ipynb")), ids=lambda p: p.stem)
 def test_notebooks_are_stored_without_outputs_and_with_jupyterlabs_metadata(path):
     """No outputs, and the kernelspec / language_info JupyterLab itself writes: otherwise opening a notebook marks
-    it modified before the learner has touched it (tests/test_browser.py checks that on notebook 01)."""
+    it modified before the learner has touched it (tests/test_browser.py checks that on notebook 01). Cell ids too."""
     nb = json.loads(path.read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert code and all(c["outputs"] == [] and c["execution_count"] is None for c in code)
@@ -234,3 +234,5 @@ def test_notebooks_are_stored_without_outputs_and_with_jupyterlabs_metadata(path
                                             "name": "python3"}
     assert nb["metadata"]["language_info"] == json.loads(NOTEBOOK.read_text())["metadata"]["language_info"]
     assert nb["metadata"]["language_info"]["pygments_lexer"] == "ipython3"
+    ids = [c.get("id") for c in nb["cells"]]  # nbformat 4.5: every cell has its own id
+    assert None not in ids and len(set(ids)) == len(ids)

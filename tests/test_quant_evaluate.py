@@ -145,3 +145,17 @@ def test_chat_suite_scores_bf16_as_one_and_a_quantized_model_below(target_and_dr
     again = ev.chat_suite(target, {"q": q}, prompts, es, 3, max_new_tokens=6,
                           done={"bf16": saved["bf16"], "q": {"cached": True}})
     assert again["q"] == {"cached": True} and again["bf16"] == saved["bf16"]  # a rerun keeps the rows scored
+
+
+def test_score_row_caps_reply_length_drift_both_ways():
+    bf16 = {"accuracy": 0.5, "agreement": 1.0}
+    metrics = {"accuracy": 0.4, "agreement": 0.9}
+    base = torch.tensor([100, 100])
+    shorter = ev.score_row(metrics, bf16, torch.tensor([90, 90]), base)
+    assert shorter["recovery"] == pytest.approx({"accuracy": 0.8, "agreement": 0.9})
+    assert shorter["median_recovery"] == pytest.approx(0.85)
+    assert shorter["length_drift"] == pytest.approx(-0.10) and not shorter["length_drift_ok"]
+    longer = ev.score_row(metrics, bf16, torch.tensor([103, 105]), base)
+    assert longer["length_drift"] == pytest.approx(0.04) and longer["length_drift_ok"]
+    assert longer["reply_lengths"] == [103, 105]
+    assert "length_drift" not in ev.score_row(metrics, bf16)

@@ -220,6 +220,19 @@ def tau_of_quantized_drafter(target, drafter_model, prompts, recipe: dict | None
 
 # --- the whole report -----------------------------------------------------------------------------
 
+def score_row(metrics: dict[str, float], bf16: dict[str, float], lengths: torch.Tensor | None = None,
+              bf16_lengths: torch.Tensor | None = None) -> dict:
+    """One quantized model's report row: its metrics, their recoveries and median recovery, and with reply
+    lengths [n] (its own and the BF16 teacher's on the same prompts) their mean and drift, within
+    ±LENGTH_DRIFT_CAP or not."""
+    row = {"metrics": metrics, "recovery": recovery(metrics, bf16), "median_recovery": median_recovery(metrics, bf16)}
+    if lengths is not None:
+        drift = length_drift(lengths, bf16_lengths)
+        row.update(mean_reply_length=lengths.float().mean().item(), reply_lengths=lengths.tolist(),
+                   length_drift=drift, length_drift_ok=abs(drift) <= LENGTH_DRIFT_CAP)
+    return row
+
+
 def evaluate_models(teacher, models: dict, evalset, tokenizer, n_prompts: int = 48, length_prompts_=None,
                     max_new_tokens: int = 160, drafter=None, spec_prompts=None, stop_ids=None) -> dict:
     """Metrics of the BF16 teacher and of each quantized model in `models` (name -> model), their
@@ -239,14 +252,8 @@ def evaluate_models(teacher, models: dict, evalset, tokenizer, n_prompts: int = 
         metrics = metric_suite(predictions(model, evalset, n_prompts), ref, cats)
         if drafter is not None:
             metrics["tau"] = speculative_tau(model, drafter, spec_prompts)
-        row = {"metrics": metrics, "recovery": recovery(metrics, bf16),
-               "median_recovery": median_recovery(metrics, bf16)}
-        if bf16_lengths is not None:
-            lengths = reply_lengths(model, length_prompts_, max_new_tokens, stop_ids)
-            row["mean_reply_length"] = lengths.float().mean().item()
-            row["length_drift"] = length_drift(lengths, bf16_lengths)
-            row["length_drift_ok"] = row["length_drift"] <= LENGTH_DRIFT_CAP
-        report[name] = row
+        lengths = reply_lengths(model, length_prompts_, max_new_tokens, stop_ids) if bf16_lengths is not None else None
+        report[name] = score_row(metrics, bf16, lengths, bf16_lengths)
     if callable(drafter):
         drafter(teacher)  # leave a DFlash drafter attached to the BF16 target again
     return report
@@ -348,12 +355,7 @@ def chat_suite(teacher, models: dict, prompts: list[torch.Tensor], evalset, n_ev
         own = greedy_replies(model, prompts, max_new_tokens)
         metrics["mtbench/prefix"] = prefix_share(own, teacher_replies)
         metrics.update({f"eval/{k}": v for k, v in _eval_metrics(predictions(model, evalset, n_eval), ref).items()})
-        lengths = torch.tensor([len(r) for r in own])
-        row = {"metrics": metrics, "recovery": recovery(metrics, bf16),
-               "median_recovery": median_recovery(metrics, bf16),
-               "mean_reply_length": lengths.float().mean().item(), "reply_lengths": lengths.tolist(),
-               "length_drift": length_drift(lengths, bf16_lengths)}
-        row["length_drift_ok"] = abs(row["length_drift"]) <= LENGTH_DRIFT_CAP
+        row = score_row(metrics, bf16, torch.tensor([len(r) for r in own]), bf16_lengths)
         report[name] = row
         if on_row is not None:
             on_row(name, row)

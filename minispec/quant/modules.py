@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from minispec.quant import nvfp4
-from minispec.quant.gemm import w4a16_matmul
+from minispec.quant.gemm import w4a4_matmul, w4a16_matmul
 
 FORMATS = {"w4a16": 4.5, "w4a4": 4.5, "fp8": 8.0, "bf16": 16.0}  # format -> effective bits per weight
 NVFP4_FORMATS = ("w4a16", "w4a4")
@@ -399,8 +399,8 @@ class PackedLinear(nn.Module):
     """A linear layer that serves from packed storage (what an exported checkpoint loads into).
 
     w4a16: y = w4a16_matmul(x, W) — the NVFP4 weight stays packed and is dequantized inside the GEMM
-    (Triton kernel kernels/gemm.py where the backend picks it). w4a4 additionally quantizes x to NVFP4
-    with the stored input scale first (emulated: real W4A4 needs FP4 tensor cores). fp8: E4M3 weight times
+    (Triton kernel kernels/gemm.py where the backend picks it). w4a4: y = w4a4_matmul(x, W, input_scale),
+    x quantized to NVFP4 with the stored input scale inside the GEMM too. fp8: E4M3 weight times
     its scale, activations through E4M3.
     """
 
@@ -426,9 +426,8 @@ class PackedLinear(nn.Module):
             x = ste(x, fp8_fake(x.detach(), self.input_scale.float()))
             y = F.linear(x.float(), w).to(x.dtype)
         else:
-            if self.format == "w4a4":
-                x = ste(x, nvfp4_fake(x.detach(), self.input_scale.float()))
-            lead = x.shape[:-1]
-            y = w4a16_matmul(x.reshape(-1, self.in_features).contiguous(), self.nvfp4_weight())
-            y = y.reshape(*lead, self.out_features)
+            rows = x.reshape(-1, self.in_features).contiguous()
+            y = (w4a4_matmul(rows, self.nvfp4_weight(), self.input_scale.float().reshape(()))
+                 if self.format == "w4a4" else w4a16_matmul(rows, self.nvfp4_weight()))
+            y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)

@@ -511,8 +511,9 @@ def params_from_size(size_bytes: float, bits_per_param: float) -> float:
 # Super (below) this gives 4.78 bits per parameter and 73.8 GB for its 123.6 B parameters (the MTP layer
 # included, with the same tiers), against the paper's 4.82 bits and ~75 GB: 0.9 % fewer bits, 0.67 GB
 # (5.4 Gbit) short of 4.82 bits on 123.6 B parameters; the paper does not list its per-kind counts, so where
-# those bytes sit (a larger BF16 exception, FP32 routers or SSM parameters) is not known. The parameter count
-# itself checks out: 75 GB at 4.82 bits is 124 B parameters (`params_from_size`).
+# those bytes sit is not known. Model Optimizer's map for Super (shared experts FP8, attention BF16) lands
+# above it, at 4.85 bits and 74.9 GB. The parameter count itself checks out: 75 GB at 4.82 bits is 124 B
+# parameters (`params_from_size`).
 # (Two tiers only, "4.82 bits = 2.8 % BF16 and the rest NVFP4", would hide the 4.7 B FP8 parameters.)
 
 NVFP4, FP8, BF16 = "nvfp4", "fp8", "bf16"
@@ -521,6 +522,9 @@ TIER_BITS = {NVFP4: nvfp4_bits_per_param(), FP8: 8.0, BF16: float(BF16_BITS)}
 # The paper's tiers by kind of parameter (`nemotron_h_param_groups`); every kind not listed is BF16.
 SUPER_PAPER_TIERS = {"routed_experts": NVFP4, "shared_experts": NVFP4, "mlp": NVFP4,
                      "attention": FP8, "mamba_projections": FP8}
+# Model Optimizer's published PTQ recipe for Nemotron 3 Super (ptq/nvfp4-mse.yaml, the component map of its
+# Nemotron 3 Ultra recipe): shared experts FP8, not NVFP4; attention left in BF16, not FP8.
+MODELOPT_SUPER_TIERS = {"routed_experts": NVFP4, "shared_experts": FP8, "mamba_projections": FP8}
 
 _BLOCK_KINDS = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*",
                 "moe": "E", "mlp": "-"}
@@ -668,7 +672,8 @@ def tiered_checkpoint(shape: NemotronHShape, tiers: Mapping[str, str] = SUPER_PA
     not named stay BF16) and add up. NVFP4's per-tensor FP32 scales are left out (a few bytes per tensor).
 
     Nemotron 3 Super with the paper's tiers: 117.37 B NVFP4, 4.70 B FP8, 1.54 B BF16 parameters ->
-    4.78 bits per parameter, 73.8 GB.
+    4.78 bits per parameter, 73.8 GB; with Model Optimizer's map (MODELOPT_SUPER_TIERS) 4.85 bits, 74.9 GB.
+    The paper's 4.82 bits and ~75 GB lie between the two.
     """
     groups = nemotron_h_param_groups(shape)
     unknown = sorted(set(tiers) - set(groups))

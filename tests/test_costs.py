@@ -235,6 +235,15 @@ def test_super_bits_and_size_from_the_tiers():
         costs.NemotronHShape(**{**costs.SUPER_SHAPE.__dict__, "pattern": "MX"})
 
 
+def test_super_paper_figure_lies_between_its_tiers_and_model_optimizers_map():
+    modelopt = costs.tiered_checkpoint(costs.SUPER_SHAPE, costs.MODELOPT_SUPER_TIERS)
+    assert round(modelopt.bits_per_param, 2) == 4.85
+    assert round(modelopt.total_bytes / GB, 1) == 74.9
+    paper_tiers = costs.tiered_checkpoint(costs.SUPER_SHAPE)
+    assert paper_tiers.bits_per_param < 4.82 < modelopt.bits_per_param
+    assert modelopt.params == paper_tiers.params  # the same parameters, only their tiers moved
+
+
 def test_ultra_blog_figure_needs_a_small_bf16_share():
     # Nemotron-3-Ultra's NVFP4 release (Model Optimizer recipe ptq/nvfp4-4o6.yaml): 1,121 GB -> 352.3 GB.
     f = costs.bf16_fraction_for(1121, 352.3)

@@ -15,7 +15,8 @@ Metrics on the frozen eval set (held-out code, teacher-forced), all "higher is b
 
 Reply-length drift = mean greedy reply length (capped) of the quantized model / BF16's − 1; "Nemotron 3.5
 Super and Lightning: Open, Efficient Mixture-of-Experts Hybrid Mamba-Transformer Models for Agentic AI"
-caps it at +5 %. Its replies end at EOS; bolt-mini's greedy continuations of held-out files rarely reach
+caps it at +5 % (longer replies cost tokens); `length_drift_ok` asks for ±5 %, since a reply that stops early
+changed too. The paper's replies end at EOS; bolt-mini's greedy continuations of held-out files rarely reach
 EOS within the cap, so a reply here ends at EOS or at the first blank line (`reply_stop_ids`), the end of
 a block of code. Replies start near the end of held-out files.
 

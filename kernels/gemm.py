@@ -69,6 +69,20 @@ from minispec.quant.nvfp4 import NVFP4Tensor
 
 
 @triton.jit
+def _weight_tile(codes_ptr, scales_ptr, cols, col_ok, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows `cols` of the NVFP4 weight [N, K], columns k0 .. k0 + BLOCK_K, decoded: E2M1 code × its block's
+    E4M3 scale, float32 [BLOCK_N, BLOCK_K] (the global scale is applied once, to the accumulator)."""
+    byte = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    packed = tl.load(codes_ptr + cols[:, None] * (K // 2) + byte[None, :],
+                     mask=col_ok[:, None] & (byte < K // 2)[None, :], other=0).to(tl.int32)
+    q = tl.reshape(tl.join(_e2m1_value(packed & 15), _e2m1_value(packed >> 4)), [BLOCK_N, BLOCK_K])
+    block = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+    bits = tl.load(scales_ptr + cols[:, None] * (K // 16) + block[None, :],
+                   mask=col_ok[:, None] & (block < K // 16)[None, :], other=0).to(tl.int32)
+    return tl.reshape(tl.reshape(q, [BLOCK_N, BLOCK_K // 16, 16]) * _e4m3_value(bits)[:, :, None], [BLOCK_N, BLOCK_K])
+
+
+@triton.jit
 def _w4a16_kernel(x_ptr, codes_ptr, scales_ptr, g_ptr, out_ptr, M, N, K, stride_xm,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -81,16 +95,8 @@ def _w4a16_kernel(x_ptr, codes_ptr, scales_ptr, g_ptr, out_ptr, M, N, K, stride_
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + k[None, :],
                     mask=row_ok[:, None] & (k < K)[None, :], other=0.0)
 
-        byte = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        packed = tl.load(codes_ptr + cols[:, None] * (K // 2) + byte[None, :],
-                         mask=col_ok[:, None] & (byte < K // 2)[None, :], other=0).to(tl.int32)
-        q = tl.reshape(tl.join(_e2m1_value(packed & 15), _e2m1_value(packed >> 4)), [BLOCK_N, BLOCK_K])
-
-        block = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        bits = tl.load(scales_ptr + cols[:, None] * (K // 16) + block[None, :],
-                       mask=col_ok[:, None] & (block < K // 16)[None, :], other=0).to(tl.int32)
-        w = tl.reshape(q, [BLOCK_N, BLOCK_K // 16, 16]) * _e4m3_value(bits)[:, :, None]
-        w = tl.reshape(w, [BLOCK_N, BLOCK_K]).to(x_ptr.dtype.element_ty)  # exact: see the module docstring
+        w = _weight_tile(codes_ptr, scales_ptr, cols, col_ok, k0, K, BLOCK_N, BLOCK_K)
+        w = w.to(x_ptr.dtype.element_ty)  # exact: see the module docstring
 
         if UPCAST:  # the interpreter only: its tl.dot multiplies bf16 bit patterns (see INTERPRETED)
             x, w = x.to(tl.float32), w.to(tl.float32)
@@ -154,15 +160,7 @@ def _w4a4_kernel(x_ptr, codes_ptr, scales_ptr, g_ptr, g_x_ptr, out_ptr, M, N, K,
         q_x, s_x = _quantized_x_tile(x_ptr, rows, row_ok, k0, K, stride_xm, g_x, BLOCK_M, BLOCK_K)
         x = tl.reshape(q_x * s_x[:, None], [BLOCK_M, BLOCK_K]).to(tl.bfloat16)  # exact: see the module docstring
 
-        byte = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        packed = tl.load(codes_ptr + cols[:, None] * (K // 2) + byte[None, :],
-                         mask=col_ok[:, None] & (byte < K // 2)[None, :], other=0).to(tl.int32)
-        q = tl.reshape(tl.join(_e2m1_value(packed & 15), _e2m1_value(packed >> 4)), [BLOCK_N, BLOCK_K])
-        block = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        bits = tl.load(scales_ptr + cols[:, None] * (K // 16) + block[None, :],
-                       mask=col_ok[:, None] & (block < K // 16)[None, :], other=0).to(tl.int32)
-        w = tl.reshape(tl.reshape(q, [BLOCK_N, BLOCK_K // 16, 16]) * _e4m3_value(bits)[:, :, None], [BLOCK_N, BLOCK_K])
-        w = w.to(tl.bfloat16)
+        w = _weight_tile(codes_ptr, scales_ptr, cols, col_ok, k0, K, BLOCK_N, BLOCK_K).to(tl.bfloat16)
 
         if UPCAST:  # the interpreter only: its tl.dot multiplies bf16 bit patterns (see INTERPRETED)
             acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")

@@ -91,7 +91,7 @@ class Settings(training.Settings):
 SETTINGS = {
     "bolt-mini": Settings(),
     # Replies to instruction prompts (stdlib requests and the target's own self-instruct, never MT-Bench).
-    "smollm2-135m": Settings(steps=1200, batch=8, lr=1e-3, warmup=50, greedy_replies=320, sampled_replies=128,
+    "smollm2-135m": Settings(steps=800, batch=8, lr=1e-3, warmup=50, greedy_replies=896, sampled_replies=256,
                              reply_len=192, num_anchors=32, distill=0.0, eval_replies=32, cache_features=True,
                              draft_vocab=8192, ckpt_every=100),
 }

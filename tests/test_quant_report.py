@@ -45,3 +45,12 @@ def test_calibration_grid_is_shipped():
 def test_scorecard_refuses_a_model_without_chat_template():
     with pytest.raises(ValueError, match="chat target"):
         report.main(["--target", "bolt-mini", "--scorecard"])
+
+
+def test_scorecard_recipe_is_a_name_or_a_checked_json_file(tmp_path):
+    with pytest.raises(ValueError, match=r"neither a named recipe \['aggressive'"):
+        report.main(["--scorecard", "--recipe", "agressive"])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "rules": [["*", "w4a16"]], "scale": "dynamic"}))
+    with pytest.raises(ValueError, match="scale"):
+        report.main(["--scorecard", "--recipe", str(bad)])

@@ -174,6 +174,15 @@ def reply_batches(replies, s: Settings):
 RECIPES = {"aggressive": AGGRESSIVE, "aggressive-w4a4": AGGRESSIVE_W4A4, "lightning-like": LIGHTNING_LIKE}
 
 
+def recipe_from_cli(name: str) -> dict:
+    """`--recipe`: one of RECIPES by name, or a recipe .json file (checked by `load_recipe`)."""
+    if name in RECIPES:
+        return RECIPES[name]
+    if not Path(name).is_file():
+        raise ValueError(f"--recipe {name!r}: neither a named recipe {sorted(RECIPES)} nor a recipe .json file")
+    return load_recipe(name)
+
+
 def main(argv: list[str] | None = None) -> None:
     import minispec as ms
     from minispec.targets import data
@@ -198,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     training.add_settings_arguments(p, Settings)
     a = p.parse_args(argv)
     s = training.settings_from_args(p, a, Settings())
-    recipe = RECIPES[a.recipe] if a.recipe in RECIPES else load_recipe(a.recipe)
+    recipe = recipe_from_cli(a.recipe)
     if a.scales:
         recipe = check_recipe(dict(recipe, scales=a.scales))
     name = f"{Path(a.target).name}-qad-{recipe['name']}"

@@ -24,7 +24,7 @@ from minispec.bench.timing import machine
 from minispec.quant import evaluate as ev
 from minispec.quant import sensitivity as sens
 from minispec.quant.api import AGGRESSIVE, AGGRESSIVE_W4A4, storage_report
-from minispec.quant.qad import RECIPES, make_student, result_folder
+from minispec.quant.qad import RECIPES, make_student, recipe_from_cli, result_folder
 
 
 def sensitivity_batches(tokenizer, n: int = 4, batch: int = 2, seq_len: int = 128, seed: int = 0):
@@ -41,10 +41,10 @@ def scorecard(a) -> dict:
     from minispec.targets.evalset import build
 
     t0 = time.time()
+    recipe = recipe_from_cli(a.recipe)
     teacher, tok = ms.load_target(a.target)
     if tok.chat_template is None:
         raise ValueError(f"--scorecard scores a chat target; {a.target!r} has no chat template")
-    recipe = RECIPES[a.recipe]
     calib = data.random_windows(data.token_stream("train", tok), 8, 64, 0, -1)  # as minispec.quant.qad calibrates
     folder = a.qad_dir or result_folder(a.target, recipe["name"])
     models = {"ptq": make_student(teacher, recipe, lambda m: m(input_ids=calib)).eval()}
@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/nvfp4_report.json"))
     p.add_argument("--scorecard", action="store_true",
                    help="score a chat target (BF16, PTQ, QAD of --recipe) on MT-Bench first turns and the eval set")
-    p.add_argument("--recipe", choices=sorted(RECIPES), default="aggressive", help="--scorecard: the recipe")
+    p.add_argument("--recipe", default="aggressive", help=f"--scorecard: the recipe, {sorted(RECIPES)} or a recipe "
+                                                          ".json file (as `minispec.quant.qad --recipe` takes it)")
     p.add_argument("--mtbench", type=cli.positive_int, default=80,
                    help="--scorecard: MT-Bench first turns used, evenly spaced over the 80 (so over every category)")
     p.add_argument("--max-new-tokens", type=cli.positive_int, default=256, help="--scorecard: reply cap")

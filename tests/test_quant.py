@@ -74,7 +74,8 @@ def test_recipes_pair_calibration_and_scales_as_the_lightning_report():
     assert quant.check_recipe({"rules": [["*", "w4a16"]]})["scales"] == "dynamic"  # max -> dynamic
     for algorithm in ("mse", "four_over_six"):
         assert quant.check_recipe({"algorithm": algorithm, "rules": [["*", "w4a16"]]})["scales"] == "static"
-    for r in (quant.AGGRESSIVE, quant.AGGRESSIVE_W4A4, quant.LIGHTNING_LIKE, quant.SUPER_TIERS):
+    for r in (quant.AGGRESSIVE, quant.AGGRESSIVE_HEAD_BF16, quant.AGGRESSIVE_W4A4, quant.LIGHTNING_LIKE,
+              quant.SUPER_TIERS):
         assert quant.check_recipe(r)["scales"] == quant.SCALES_OF[r["algorithm"]], r["name"]
     with pytest.raises(ValueError, match="'max' goes with scales='dynamic', not 'static'.*recomputes"):
         quant.check_recipe({"algorithm": "max", "scales": "static", "rules": [["*", "w4a16"]]})
@@ -96,6 +97,15 @@ def test_quantized_weights_are_the_weights_of_quantized_matmuls_only(model):
     assert not any("norm" in n or "layers.1." in n or n.endswith("bias") for n in trainable)
     with pytest.raises(ValueError, match="no quantized layer"):
         quant.quantized_weights(model)
+
+
+def test_head_bf16_recipe_keeps_the_tied_head_exact(model):
+    m = quant.quantize(copy.deepcopy(model), quant.AGGRESSIVE_HEAD_BF16)
+    fm = quant.formats_of(m)
+    assert fm.pop("lm_head") == "bf16" and set(fm.values()) == {"w4a16"} and len(fm) > 0
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    assert torch.equal(m.lm_head.weight, model.lm_head.weight)
+    assert "model.embed_tokens.weight" not in quant.quantized_weights(m)  # QAD leaves the head/embedding alone
 
 
 def test_mse_never_worse_than_max_and_fp8_rounding():

@@ -9,6 +9,7 @@
 """
 from minispec.quant.api import (
     AGGRESSIVE,
+    AGGRESSIVE_HEAD_BF16,
     AGGRESSIVE_W4A4,
     ALGORITHMS,
     LIGHTNING_LIKE,
@@ -29,7 +30,8 @@ from minispec.quant.api import (
 )
 from minispec.quant.modules import FORMATS, PackedLinear, QuantExperts, QuantLinear
 
-__all__ = ["AGGRESSIVE", "AGGRESSIVE_W4A4", "ALGORITHMS", "FORMATS", "LIGHTNING_LIKE", "SCALES_OF", "SUPER_TIERS",
+__all__ = ["AGGRESSIVE", "AGGRESSIVE_HEAD_BF16", "AGGRESSIVE_W4A4", "ALGORITHMS", "FORMATS", "LIGHTNING_LIKE",
+           "SCALES_OF", "SUPER_TIERS",
            "PackedLinear", "QuantExperts", "QuantLinear", "assign_formats", "check_recipe", "formats_of", "load_recipe",
            "packed_state", "param_formats", "params_by_format", "quantizable_modules", "quantize", "quantized_weights",
            "save_recipe", "storage_report"]

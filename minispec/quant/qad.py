@@ -38,6 +38,7 @@ from minispec import cli, distributed, training
 from minispec.kl import kl_divergence
 from minispec.quant.api import (
     AGGRESSIVE,
+    AGGRESSIVE_HEAD_BF16,
     AGGRESSIVE_W4A4,
     LIGHTNING_LIKE,
     check_recipe,
@@ -171,7 +172,8 @@ def reply_batches(replies, s: Settings):
     return batch
 
 
-RECIPES = {"aggressive": AGGRESSIVE, "aggressive-w4a4": AGGRESSIVE_W4A4, "lightning-like": LIGHTNING_LIKE}
+RECIPES = {"aggressive": AGGRESSIVE, "aggressive-head-bf16": AGGRESSIVE_HEAD_BF16, "aggressive-w4a4": AGGRESSIVE_W4A4,
+           "lightning-like": LIGHTNING_LIKE}
 
 
 def recipe_from_cli(name: str) -> dict:

@@ -18,10 +18,12 @@ def test_unknown_result_names_the_shipped_ones(tmp_path, monkeypatch):
         results.load_result("nope")
 
 
-def test_smollm2_scorecard_is_consistent():
-    card = results.load_result("smollm2-135m-nvfp4-scorecard")
+@pytest.mark.parametrize("name, recipe", [("smollm2-135m-nvfp4-scorecard", "aggressive"),
+                                          ("smollm2-135m-nvfp4-head-bf16-scorecard", "aggressive-head-bf16")])
+def test_smollm2_scorecard_is_consistent(name, recipe):
+    card = results.load_result(name)
     ev = card["evaluation"]
-    assert card["recipe"]["name"] == "aggressive" and card["machine"] and len(card["commands"]) >= 2
+    assert card["recipe"]["name"] == recipe and card["machine"] and len(card["commands"]) >= 2
     assert card["commands"][0].startswith("python -m minispec.quant.qad ")
     assert all(c.startswith("python -m minispec.quant.report ") for c in card["commands"][1:])
     assert set(ev["bf16"]["metrics"]) == set(card["suite"]["metrics"])

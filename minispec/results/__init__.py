@@ -12,7 +12,8 @@ RESULTS = Path(__file__).resolve().parent
 def load_result(name: str) -> dict:
     """A shipped result by its file name without `.json`.
 
-    `smollm2-135m-nvfp4-scorecard` (written by `--scorecard`):
+    `smollm2-135m-nvfp4-scorecard`, `smollm2-135m-nvfp4-head-bf16-scorecard` (written by `--scorecard`; recipes
+    aggressive and aggressive-head-bf16):
         target, recipe (the recipe dict), machine (`minispec.bench.timing.machine`; a string in the shipped file),
         commands (the QAD command, then the scoring command(s)),
         suite {mtbench_prompts, max_new_tokens, eval_prompts, metrics: [metric names]},

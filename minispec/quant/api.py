@@ -54,8 +54,8 @@ RECIPE_KEYS = {"name", "algorithm", "scales", "rules", "note"}
 # Everything NVFP4, including the output head and attention: the recipe QAD has to rescue.
 AGGRESSIVE = {"name": "aggressive", "algorithm": "max", "scales": "dynamic", "rules": [["*", "w4a16"]],
               "note": "every linear layer NVFP4 W4A16, including attention and the (tied) output head"}
-# The same with the output head left in BF16, as every Nemotron recipe keeps it above NVFP4: what the head
-# alone costs (on SmolLM2 the head is tied to the embedding, so the embedding then stays exact too).
+# Beside AGGRESSIVE, it measures what the NVFP4 head alone costs (on SmolLM2 the head is tied to the embedding,
+# so the embedding then stays exact too).
 AGGRESSIVE_HEAD_BF16 = {"name": "aggressive-head-bf16", "algorithm": "max", "scales": "dynamic",
                         "rules": [["lm_head", "bf16"], ["*", "w4a16"]],
                         "note": "the aggressive recipe with the (tied) output head left in BF16, as every Nemotron "

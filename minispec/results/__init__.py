@@ -14,7 +14,8 @@ def load_result(name: str) -> dict:
 
     `smollm2-135m-nvfp4-scorecard`, `smollm2-135m-nvfp4-head-bf16-scorecard` (written by `--scorecard`; recipes
     aggressive and aggressive-head-bf16):
-        target, recipe (the recipe dict), machine (`minispec.bench.timing.machine`; a string in the shipped file),
+        target, recipe (the recipe dict), machine (`minispec.bench.timing.machine`'s
+        dict),
         commands (the QAD command, then the scoring command(s)),
         suite {mtbench_prompts, max_new_tokens, eval_prompts, metrics: [metric names]},
         qad (the QAD run's summary.json: steps and settings, trained / total parameters, held-out KL before and

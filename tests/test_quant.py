@@ -212,3 +212,7 @@ def test_recovery_figure_reads_the_scorecard_schema():
     ax = lesson.recovery_bars(card).axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == metrics and len(ax.patches) == 4
     assert "QAD (median 99.50 %)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    card["evaluation"]["bf16-arith"] = {"recovery": dict(zip(metrics, [0.98, 1.0])), "median_recovery": 0.99}
+    ax = lesson.recovery_bars(card).axes[0]
+    assert len(ax.patches) == 6 and [p.get_height() for p in ax.patches[:2]] == [98.0, 100.0]
+    assert "BF16 arithmetic (median 99.00 %)" in [t.get_text() for t in ax.get_legend().get_texts()]

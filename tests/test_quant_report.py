@@ -28,12 +28,14 @@ def test_smollm2_scorecard_is_consistent(name, recipe):
     assert all(c.startswith("python -m minispec.quant.report ") for c in card["commands"][1:])
     assert set(ev["bf16"]["metrics"]) == set(card["suite"]["metrics"])
     assert all(v == 1.0 for k, v in ev["bf16"]["metrics"].items() if k.startswith("mtbench/") or k == "eval/agreement")
-    for name in ("ptq", "qad"):
+    for name in ("bf16-arith", "ptq", "qad"):
         row = ev[name]
         assert row["median_recovery"] == pytest.approx(statistics.median(row["recovery"].values()))
         assert card["median_recovery"][name] == row["median_recovery"]
         assert row["length_drift"] == pytest.approx(row["mean_reply_length"] / ev["bf16"]["mean_reply_length"] - 1)
         assert len(row["reply_lengths"]) == card["suite"]["mtbench_prompts"]
+    # Rounding alone (BF16 arithmetic) costs the suite less than QAD has left, and QAD recovers some of PTQ's loss.
+    assert card["median_recovery"]["bf16-arith"] > card["median_recovery"]["qad"] > card["median_recovery"]["ptq"]
     assert card["qad"]["train"] == "quantized" and card["qad"]["settings"]["steps"] >= 1
 
 
@@ -56,3 +58,11 @@ def test_scorecard_recipe_is_a_name_or_a_checked_json_file(tmp_path):
     bad.write_text(json.dumps({"name": "x", "rules": [["*", "w4a16"]], "scale": "dynamic"}))
     with pytest.raises(ValueError, match="scale"):
         report.main(["--scorecard", "--recipe", str(bad)])
+
+
+def test_every_named_recipe_answers_to_its_own_name():
+    from minispec.quant.qad import RECIPES, recipe_from_cli
+
+    assert {"aggressive", "aggressive-head-bf16", "all-fp8"} <= set(RECIPES)
+    for name, recipe in RECIPES.items():
+        assert recipe_from_cli(name) is recipe and recipe["name"] == name

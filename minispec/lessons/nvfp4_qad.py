@@ -183,18 +183,23 @@ def storage_rows(models: dict[str, nn.Module]) -> list[dict]:
 
 def recovery_bars(scorecard: dict, ax=None):
     """Recovery (quantized / BF16) of every metric of a scorecard (`minispec.quant.report --scorecard`), PTQ
-    next to QAD, with 100 % and each model's median marked."""
+    next to QAD, beside the BF16-arithmetic floor where the scorecard has it, with 100 % and each row's median
+    marked."""
     ax = axes_or_new(ax)
     evaluation = scorecard["evaluation"]
-    metrics = [m for m in evaluation["ptq"]["recovery"] if m in evaluation["qad"]["recovery"]]
-    width = 0.4
-    for i, stage in enumerate(("ptq", "qad")):
+    stages = [s for s in ("bf16-arith", "ptq", "qad") if s in evaluation]
+    metrics = [m for m in evaluation["ptq"]["recovery"] if all(m in evaluation[s]["recovery"] for s in stages)]
+    width = 0.8 / len(stages)
+    colors = {"bf16-arith": "0.6", "ptq": PALETTE[0], "qad": PALETTE[1]}
+    labels = {"bf16-arith": "BF16 arithmetic", "ptq": "PTQ", "qad": "QAD"}
+    for i, stage in enumerate(stages):
         values = [100 * evaluation[stage]["recovery"][m] for m in metrics]
-        ax.bar([k + (i - 0.5) * width for k in range(len(metrics))], values, width, color=PALETTE[i],
-               label=f"{stage.upper()} (median {100 * evaluation[stage]['median_recovery']:.2f} %)")
+        label = f"{labels[stage]} (median {100 * evaluation[stage]['median_recovery']:.2f} %)"
+        ax.bar([k + (i - (len(stages) - 1) / 2) * width for k in range(len(metrics))], values, width,
+               color=colors[stage], label=label)
     ax.axhline(100, color="grey", lw=0.8)
     ax.set_xticks(range(len(metrics)), metrics, rotation=30, ha="right", fontsize=8)
-    low = min(100 * evaluation[s]["recovery"][m] for s in ("ptq", "qad") for m in metrics)
+    low = min(100 * evaluation[s]["recovery"][m] for s in stages for m in metrics)
     ax.set_ylim(max(0.0, low - 5), None)
     return finish_axes(ax, f"{scorecard['target']}: recovery per metric", "", "recovery vs BF16 (%)")
 

@@ -63,6 +63,10 @@ AGGRESSIVE_HEAD_BF16 = {"name": "aggressive-head-bf16", "algorithm": "max", "sca
 # The same with NVFP4 activations too (W4A4, dynamic activation block scales, calibrated per-tensor amax).
 AGGRESSIVE_W4A4 = {"name": "aggressive-w4a4", "algorithm": "max", "scales": "dynamic", "rules": [["*", "w4a4"]],
                    "note": "every linear layer NVFP4 W4A4, including attention and the (tied) output head"}
+# Every matmul FP8 W8A8 (per-tensor scales for weights and inputs): the other activation-quantizing tier, and on
+# a chat scorecard the 8-bit ceiling an NVFP4 recipe is read against.
+ALL_FP8 = {"name": "all-fp8", "algorithm": "max", "rules": [["*", "fp8"]],
+           "note": "every linear layer FP8 W8A8, one scale per tensor for weights and inputs"}
 # Lightning's published component map (Model Optimizer's recipe for Nemotron-3.5-Lightning-30B-A3B,
 # ptq/w4a16_nvfp4_4o6.yaml), transposed onto a dense transformer: MLPs and the head NVFP4 W4A16 with
 # four-over-six weights, attention projections BF16.

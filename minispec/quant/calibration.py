@@ -24,12 +24,8 @@ import time
 from pathlib import Path
 
 from minispec import cli
-from minispec.quant.api import AGGRESSIVE, AGGRESSIVE_W4A4, quantize
+from minispec.quant.api import AGGRESSIVE, AGGRESSIVE_W4A4, ALL_FP8, quantize
 from minispec.quant.qad import evaluate_kl
-
-# Every matmul FP8 W8A8 (per-tensor scales for weights and inputs): the other activation-quantizing tier.
-ALL_FP8 = {"name": "all-fp8", "algorithm": "max", "rules": [["*", "fp8"]],
-           "note": "every linear layer FP8 W8A8, one scale per tensor for weights and inputs"}
 
 
 def calibration_grid(model, tokenizer, recipes=(AGGRESSIVE_W4A4, ALL_FP8), counts=(1, 2, 4, 8, 16, 32),

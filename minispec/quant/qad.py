@@ -40,6 +40,7 @@ from minispec.quant.api import (
     AGGRESSIVE,
     AGGRESSIVE_HEAD_BF16,
     AGGRESSIVE_W4A4,
+    ALL_FP8,
     LIGHTNING_LIKE,
     check_recipe,
     load_recipe,
@@ -173,7 +174,7 @@ def reply_batches(replies, s: Settings):
 
 
 RECIPES = {"aggressive": AGGRESSIVE, "aggressive-head-bf16": AGGRESSIVE_HEAD_BF16, "aggressive-w4a4": AGGRESSIVE_W4A4,
-           "lightning-like": LIGHTNING_LIKE}
+           "all-fp8": ALL_FP8, "lightning-like": LIGHTNING_LIKE}
 
 
 def recipe_from_cli(name: str) -> dict:

@@ -7,7 +7,9 @@ with the W4A16 drafter. The QAD students are read from where `python -m minispec
 
 `--scorecard` scores a chat target instead (SmolLM2-135M-Instruct): BF16, PTQ and QAD with one recipe on
 MT-Bench's first turns and the eval set (`evaluate.chat_suite`), resumable from `--work-dir`, into a
-scorecard JSON. The scorecards that ship in minispec/results are read back by `load_result`.
+scorecard JSON. Its "bf16-arith" row is the BF16 checkpoint run in BF16 arithmetic instead of the teacher's
+FP32: what the suite reads for a model that changed nothing but rounding, its noise floor. The scorecards
+that ship in minispec/results are read back by `load_result`.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ def sensitivity_batches(tokenizer, n: int = 4, batch: int = 2, seq_len: int = 12
 
 
 def scorecard(a) -> dict:
-    """`--scorecard`: BF16, PTQ and QAD of `a.target` with `a.recipe` on the chat suite, resumable from a.work_dir."""
+    """`--scorecard`: BF16, its BF16-arithmetic floor, PTQ and QAD of `a.target` with `a.recipe` on the chat
+    suite, resumable from a.work_dir."""
     import minispec as ms
     from minispec.targets import data
     from minispec.targets.evalset import build
@@ -47,7 +50,9 @@ def scorecard(a) -> dict:
         raise ValueError(f"--scorecard scores a chat target; {a.target!r} has no chat template")
     calib = data.random_windows(data.token_stream("train", tok), 8, 64, 0, -1)  # as minispec.quant.qad calibrates
     folder = a.qad_dir or result_folder(a.target, recipe["name"])
-    models = {"ptq": make_student(teacher, recipe, lambda m: m(input_ids=calib)).eval()}
+    # The same BF16 weights in BF16 arithmetic (the teacher computes in FP32): the suite's noise floor.
+    models = {"bf16-arith": ms.load_target(a.target, dtype=torch.bfloat16)[0].eval(),
+              "ptq": make_student(teacher, recipe, lambda m: m(input_ids=calib)).eval()}
     if (folder / "student.pt").exists():
         models["qad"] = make_student(teacher, recipe, lambda m: m(input_ids=calib))
         models["qad"].load_state_dict(torch.load(folder / "student.pt"))
@@ -75,7 +80,7 @@ def scorecard(a) -> dict:
 
     def read_rows() -> dict:
         rows = {}
-        for name in ("bf16", "ptq", "qad"):
+        for name in ("bf16", "bf16-arith", "ptq", "qad"):
             path = work / f"row-{name}-{key}.json"
             if path.exists():
                 row = json.loads(path.read_text())
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mtbench", type=cli.positive_int, default=80,
                    help="--scorecard: MT-Bench first turns used, evenly spaced over the 80 (so over every category)")
     p.add_argument("--max-new-tokens", type=cli.positive_int, default=256, help="--scorecard: reply cap")
-    p.add_argument("--models", nargs="+", choices=["ptq", "qad"], default=["ptq", "qad"],
+    p.add_argument("--models", nargs="+", choices=["bf16-arith", "ptq", "qad"], default=["bf16-arith", "ptq", "qad"],
                    help="--scorecard: the rows this run scores (others are read from --work-dir where scored)")
     p.add_argument("--work-dir", type=Path, help="--scorecard: where finished parts are kept for a rerun (default: "
                                                  "~/.cache/minispec/train/<target>-scorecard-<recipe>)")

@@ -74,8 +74,8 @@ def test_recipes_pair_calibration_and_scales_as_the_lightning_report():
     assert quant.check_recipe({"rules": [["*", "w4a16"]]})["scales"] == "dynamic"  # max -> dynamic
     for algorithm in ("mse", "four_over_six"):
         assert quant.check_recipe({"algorithm": algorithm, "rules": [["*", "w4a16"]]})["scales"] == "static"
-    for r in (quant.AGGRESSIVE, quant.AGGRESSIVE_HEAD_BF16, quant.AGGRESSIVE_W4A4, quant.LIGHTNING_LIKE,
-              quant.SUPER_TIERS):
+    for r in (quant.AGGRESSIVE, quant.AGGRESSIVE_HEAD_BF16, quant.AGGRESSIVE_HEAD_BF16_4O6, quant.AGGRESSIVE_W4A4,
+              quant.LIGHTNING_LIKE, quant.SUPER_TIERS):
         assert quant.check_recipe(r)["scales"] == quant.SCALES_OF[r["algorithm"]], r["name"]
     with pytest.raises(ValueError, match="'max' goes with scales='dynamic', not 'static'.*recomputes"):
         quant.check_recipe({"algorithm": "max", "scales": "static", "rules": [["*", "w4a16"]]})

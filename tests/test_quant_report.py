@@ -8,6 +8,7 @@ import pytest
 
 from minispec import results
 from minispec.quant import report
+from minispec.quant.qad import RECIPES
 
 
 def test_unknown_result_names_the_shipped_ones(tmp_path, monkeypatch):
@@ -19,11 +20,13 @@ def test_unknown_result_names_the_shipped_ones(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name, recipe", [("smollm2-135m-nvfp4-scorecard", "aggressive"),
-                                          ("smollm2-135m-nvfp4-head-bf16-scorecard", "aggressive-head-bf16")])
+                                          ("smollm2-135m-nvfp4-head-bf16-scorecard", "aggressive-head-bf16"),
+                                          ("smollm2-135m-nvfp4-head-bf16-4o6-scorecard", "aggressive-head-bf16-4o6")])
 def test_smollm2_scorecard_is_consistent(name, recipe):
     card = results.load_result(name)
     ev = card["evaluation"]
-    assert card["recipe"]["name"] == recipe and card["machine"] and len(card["commands"]) >= 2
+    assert card["recipe"] == RECIPES[recipe] and card["machine"] and len(card["commands"]) >= 2
+    assert all(f"--recipe {recipe} " in c for c in card["commands"])
     assert card["commands"][0].startswith("python -m minispec.quant.qad ")
     assert all(c.startswith("python -m minispec.quant.report ") for c in card["commands"][1:])
     assert set(ev["bf16"]["metrics"]) == set(card["suite"]["metrics"])
@@ -61,7 +64,7 @@ def test_scorecard_recipe_is_a_name_or_a_checked_json_file(tmp_path):
 
 
 def test_every_named_recipe_answers_to_its_own_name():
-    from minispec.quant.qad import RECIPES, recipe_from_cli
+    from minispec.quant.qad import recipe_from_cli
 
     assert {"aggressive", "aggressive-head-bf16", "all-fp8"} <= set(RECIPES)
     for name, recipe in RECIPES.items():

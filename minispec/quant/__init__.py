@@ -10,6 +10,7 @@
 from minispec.quant.api import (
     AGGRESSIVE,
     AGGRESSIVE_HEAD_BF16,
+    AGGRESSIVE_HEAD_BF16_4O6,
     AGGRESSIVE_W4A4,
     ALGORITHMS,
     ALL_FP8,
@@ -31,8 +32,8 @@ from minispec.quant.api import (
 )
 from minispec.quant.modules import FORMATS, PackedLinear, QuantExperts, QuantLinear
 
-__all__ = ["AGGRESSIVE", "AGGRESSIVE_HEAD_BF16", "AGGRESSIVE_W4A4", "ALGORITHMS", "ALL_FP8", "FORMATS",
-           "LIGHTNING_LIKE", "SCALES_OF", "SUPER_TIERS",
-           "PackedLinear", "QuantExperts", "QuantLinear", "assign_formats", "check_recipe", "formats_of", "load_recipe",
-           "packed_state", "param_formats", "params_by_format", "quantizable_modules", "quantize", "quantized_weights",
-           "save_recipe", "storage_report"]
+__all__ = ["AGGRESSIVE", "AGGRESSIVE_HEAD_BF16", "AGGRESSIVE_HEAD_BF16_4O6", "AGGRESSIVE_W4A4", "ALGORITHMS",
+           "ALL_FP8", "FORMATS", "LIGHTNING_LIKE", "SCALES_OF", "SUPER_TIERS", "PackedLinear", "QuantExperts",
+           "QuantLinear", "assign_formats", "check_recipe", "formats_of", "load_recipe", "packed_state",
+           "param_formats", "params_by_format", "quantizable_modules", "quantize", "quantized_weights", "save_recipe",
+           "storage_report"]

@@ -60,6 +60,11 @@ AGGRESSIVE_HEAD_BF16 = {"name": "aggressive-head-bf16", "algorithm": "max", "sca
                         "rules": [["lm_head", "bf16"], ["*", "w4a16"]],
                         "note": "the aggressive recipe with the (tied) output head left in BF16, as every Nemotron "
                                 "recipe keeps it above NVFP4"}
+# The same calibrated as Lightning's QAD recipe is: four-over-six weights, scales frozen from PTQ on.
+AGGRESSIVE_HEAD_BF16_4O6 = {"name": "aggressive-head-bf16-4o6", "algorithm": "four_over_six", "scales": "static",
+                            "rules": [["lm_head", "bf16"], ["*", "w4a16"]],
+                            "note": "aggressive-head-bf16 calibrated with four-over-six, scales frozen during QAD "
+                                    "(the Lightning NVFP4/QAD report's pairing)"}
 # The same with NVFP4 activations too (W4A4, dynamic activation block scales, calibrated per-tensor amax).
 AGGRESSIVE_W4A4 = {"name": "aggressive-w4a4", "algorithm": "max", "scales": "dynamic", "rules": [["*", "w4a4"]],
                    "note": "every linear layer NVFP4 W4A4, including attention and the (tied) output head"}

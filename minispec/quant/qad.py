@@ -39,6 +39,7 @@ from minispec.kl import kl_divergence
 from minispec.quant.api import (
     AGGRESSIVE,
     AGGRESSIVE_HEAD_BF16,
+    AGGRESSIVE_HEAD_BF16_4O6,
     AGGRESSIVE_W4A4,
     ALL_FP8,
     LIGHTNING_LIKE,
@@ -173,7 +174,8 @@ def reply_batches(replies, s: Settings):
     return batch
 
 
-RECIPES = {"aggressive": AGGRESSIVE, "aggressive-head-bf16": AGGRESSIVE_HEAD_BF16, "aggressive-w4a4": AGGRESSIVE_W4A4,
+RECIPES = {"aggressive": AGGRESSIVE, "aggressive-head-bf16": AGGRESSIVE_HEAD_BF16,
+           "aggressive-head-bf16-4o6": AGGRESSIVE_HEAD_BF16_4O6, "aggressive-w4a4": AGGRESSIVE_W4A4,
            "all-fp8": ALL_FP8, "lightning-like": LIGHTNING_LIKE}
 
 

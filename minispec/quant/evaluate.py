@@ -37,8 +37,8 @@ papers' recoveries, which are ratios of benchmark scores (eval/accuracy is the o
 resolution is measured, not assumed: `python -m minispec.quant.report --scorecard` also scores the BF16
 checkpoint run in BF16 arithmetic instead of the teacher's FP32 ("bf16-arith"), a model that changed nothing
 but rounding. On SmolLM2-135M-Instruct it reads 99.07 % median recovery (a near-tie flips in 2 % of greedy
-tokens), so a goal above it asks a 4-bit model to stay closer to the teacher than the teacher's own weights
-do in BF16 arithmetic.
+tokens): a median above it would mean a 4-bit model stays closer to the teacher than the teacher's own
+weights do in BF16 arithmetic.
 """
 from __future__ import annotations
 

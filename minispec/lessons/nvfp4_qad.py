@@ -200,7 +200,7 @@ def recovery_bars(scorecard: dict, ax=None):
     ax.axhline(100, color="grey", lw=0.8)
     ax.set_xticks(range(len(metrics)), metrics, rotation=30, ha="right", fontsize=8)
     low = min(100 * evaluation[s]["recovery"][m] for s in stages for m in metrics)
-    ax.set_ylim(max(0.0, low - 5), None)
+    ax.set_ylim(max(0.0, low - 5), 100 + 13 * len(stages))  # room above 100 % for the legend
     return finish_axes(ax, f"{scorecard['target']}: recovery per metric", "", "recovery vs BF16 (%)")
 
 

@@ -21,7 +21,9 @@ def test_unknown_result_names_the_shipped_ones(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name, recipe", [("smollm2-135m-nvfp4-scorecard", "aggressive"),
                                           ("smollm2-135m-nvfp4-head-bf16-scorecard", "aggressive-head-bf16"),
-                                          ("smollm2-135m-nvfp4-head-bf16-4o6-scorecard", "aggressive-head-bf16-4o6")])
+                                          ("smollm2-135m-nvfp4-head-bf16-4o6-scorecard", "aggressive-head-bf16-4o6"),
+                                          ("smollm2-135m-nvfp4-head-bf16-4o6-mtbench80-scorecard",
+                                           "aggressive-head-bf16-4o6")])
 def test_smollm2_scorecard_is_consistent(name, recipe):
     card = results.load_result(name)
     ev = card["evaluation"]

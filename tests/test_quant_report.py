@@ -8,7 +8,7 @@ import pytest
 
 from minispec import results
 from minispec.quant import report
-from minispec.quant.qad import RECIPES
+from minispec.quant.qad import RECIPES, recipe_from_cli
 
 
 def test_unknown_result_names_the_shipped_ones(tmp_path, monkeypatch):
@@ -66,8 +66,6 @@ def test_scorecard_recipe_is_a_name_or_a_checked_json_file(tmp_path):
 
 
 def test_every_named_recipe_answers_to_its_own_name():
-    from minispec.quant.qad import recipe_from_cli
-
     assert {"aggressive", "aggressive-head-bf16", "all-fp8"} <= set(RECIPES)
     for name, recipe in RECIPES.items():
         assert recipe_from_cli(name) is recipe and recipe["name"] == name

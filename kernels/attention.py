@@ -134,6 +134,13 @@ def _tile(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
+def _context_tile(dtype: torch.dtype) -> int:
+    """Context keys per tile. 32, but 16 for float64: its K and V tiles of 32 x 128 take twice the bytes,
+    and Triton 3.8 keeps enough of them in shared memory (software pipelining) that a 32-key tile needs
+    172,032 bytes on sm_80, over the A100's 166,912 (docs/kernels.md lists every config's need)."""
+    return 16 if dtype == torch.float64 else 32
+
+
 def dflash_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k_blk: torch.Tensor,
                      v_blk: torch.Tensor, ctx_lens: torch.Tensor, window: int | None = None,
                      scale: float | None = None) -> torch.Tensor:
@@ -159,6 +166,6 @@ def dflash_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, 
         *q.stride(), *k_ctx.stride(), *v_ctx.stride(), *k_blk.stride(), *v_blk.stride(), *out.stride(),
         T, D, 0 if window is None else int(window), float(D ** -0.5 if scale is None else scale),
         GROUP=group, HAS_WINDOW=window is not None, DOT_PRECISION=precision, UPCAST=upcast,
-        BLOCK_M=_tile(group * T), BLOCK_N=32, BLOCK_T=_tile(T), BLOCK_D=_tile(D),
+        BLOCK_M=_tile(group * T), BLOCK_N=_context_tile(q.dtype), BLOCK_T=_tile(T), BLOCK_D=_tile(D),
     )
     return out

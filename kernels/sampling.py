@@ -22,9 +22,12 @@ much as a tail token of p ≈ 1e-7 weighs, so which tail tokens survive top_p = 
 the order of the additions. So the kernel works as the reference does, in float64 wherever it sums:
 exp(z) and the softmax denominator are float64, each probability is rounded once to
 float32 (the p that is returned and sampled), the masses of those float32 p are float64 sums, and
-top_p is a float64 argument. The probabilities are written to `out` once and the top-p passes read
-them back from there. Kernel and reference then keep the same tokens unless some token's mass
-above lies within the two float64 sums' rounding (about V · 2**-53) of top_p.
+top_p is read as a float64 from a one-element tensor. (Not a scalar argument annotated `tl.float64`:
+Triton 3.8's interpreter ignores that annotation and rounds a Python float to float32, which moves
+0.99999 by 2.5e-8 and with it the cut through a tail of tokens near 1e-7.) The probabilities are
+written to `out` once and the top-p passes read them back from there. Kernel and reference then keep
+the same tokens unless some token's mass above lies within the two float64 sums' rounding
+(about V · 2**-53) of top_p.
 """
 import torch
 import triton
@@ -139,7 +142,7 @@ def _top_p_key(p_row, V, top_p, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _sampling_probs_kernel(logits_ptr, out_ptr, V, temperature, top_k, top_p: tl.float64,
+def _sampling_probs_kernel(logits_ptr, out_ptr, V, temperature, top_k, top_p_ptr,
                            USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK: tl.constexpr):
     # int64: row * V passes 2**31 for a large batch over a large vocabulary.
     row = tl.program_id(0).to(tl.int64)
@@ -168,6 +171,7 @@ def _sampling_probs_kernel(logits_ptr, out_ptr, V, temperature, top_k, top_p: tl
     # Top-p over the stored p, then renormalise over the nucleus.
     if USE_TOP_P:
         tl.debug_barrier()  # the passes below read p that other threads of this program stored
+        top_p = tl.load(top_p_ptr)
         p_key = _top_p_key(out_row, V, top_p, BLOCK)
         kept_mass = _mass_above(out_row, V, p_key - 1, BLOCK)
         for start in range(0, V, BLOCK):
@@ -201,7 +205,8 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
         _one_hot_argmax_kernel[grid](rows, out, V, BLOCK=block)
     else:
         _sampling_probs_kernel[grid](
-            rows, out, V, float(temperature), min(top_k or V, V), float(top_p or 1.0),
+            rows, out, V, float(temperature), min(top_k or V, V),
+            torch.tensor([float(top_p or 1.0)], dtype=torch.float64, device=logits.device),
             USE_TOP_K=top_k is not None and top_k < V, USE_TOP_P=top_p is not None and top_p < 1,
             BLOCK=block,
         )

@@ -225,9 +225,7 @@ def hf_pair(seed=0, dt_range=(0.05, 1.0), **overrides):
         **ours_cfg.to_nemotron_h_kwargs(), layers_block_type=["linear_attention"], vocab_size=64,
         num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=32,
     )
-    assert Mamba2Config.from_nemotron_h(hf_cfg) == dataclasses.replace(
-        ours_cfg, time_step_limit=(ours_cfg.time_step_min, math.inf)
-    )
+    assert Mamba2Config.from_nemotron_h(hf_cfg) == ours_cfg
     hf = randomize_(NemotronHMamba2Mixer(hf_cfg, layer_idx=0), seed, dt_range).eval()
     ours = Mamba2Mixer(Mamba2Config.from_nemotron_h(hf_cfg), layer_idx=0)
     ours.load_state_dict(hf.state_dict(), strict=True)
@@ -291,40 +289,45 @@ def test_matches_transformers_with_left_padding():
 
 
 @needs_hf_torch
-def test_transformers_dt_clamp_differs_between_prefill_and_decode():
-    """transformers' NemotronH mixer clamps dt >= time_step_min (1e-3) in its chunked path but not in
-    its step path (transformers' modeling_nemotron_h.py: `time_step_limit = (config.time_step_min, inf)` is
-    passed to the chunked scan only). Ours applies one `time_step_limit` in both paths:
-    `from_nemotron_h` picks (time_step_min, inf) = HF's prefill; HF's decode is reproduced with (0, inf).
-    With dt far below 1e-3 on some heads, this test shows all three facts."""
+def test_dt_clamp_ours_equals_transformers_prefill_and_our_decode_equals_our_prefill():
+    """dt = softplus(dt_raw + dt_bias) is clamped to `time_step_limit`. transformers' NemotronH mixer (5.25)
+    reads that field from its config and applies it in its chunked (prefill) path; its torch step path
+    (`mamba2_selective_state_update`) clamps nothing. (Before 5.25 the chunked path clamped at
+    time_step_min whatever the field said.) Ours applies the one limit in both paths, so:
+    ours == HF prefill for every limit; our decode == our prefill; HF decode == ours unclamped. With dt far
+    below 1e-3 on some heads, lightning-mini's limit (1e-3, inf) and the default (0, inf) give different
+    outputs, so each agreement is one the clamp could break. Should transformers clamp its step path too,
+    only the last assertion's reading changes: HF decode would then equal ours with the limit."""
     from transformers import DynamicCache
 
-    hf, ours, hf_cfg = hf_pair(seed=13)
-    with torch.no_grad():
-        hf.dt_bias[:3] = -12.0  # softplus(-12 + dt_raw) ~ 1e-5 .. 1e-4: clamped to 1e-3 by HF's chunked path only
-    ours.load_state_dict(hf.state_dict())
-    unclamped = Mamba2Mixer(dataclasses.replace(ours.config, time_step_limit=(0.0, math.inf)), layer_idx=0)
-    unclamped.load_state_dict(hf.state_dict())
-    u = torch.randn(1, 12, hf_cfg.hidden_size, generator=torch.Generator().manual_seed(6))
-    T = 8
-    with torch.no_grad():
-        dt, _ = discretize(split_projection(ours.in_proj(u), ours.config)[2], ours.dt_bias, ours.A_log)
-        assert (dt[..., :3] < 1e-3).all()
-        y_full_hf = hf(u)  # HF prefill over all 12 tokens: clamped everywhere
-        assert maxerr(ours(u)[0], y_full_hf) <= FP32_TOL  # ours (HF-prefill limit) == HF prefill
-        cache = DynamicCache(config=hf_cfg)
-        hf(u[:, :T], cache=cache)  # clamped prefill ...
-        _, s = ours(u[:, :T])
-        s_clamped, gaps = s.clone(), []
-        for i in range(T, 12):
-            y_hf = hf(u[:, i : i + 1], cache=cache)  # ... then unclamped steps
-            y_unclamped, s = unclamped.step(u[:, i], s)
-            assert maxerr(y_unclamped, y_hf[:, 0]) <= FP32_TOL  # HF decode == ours with (0, inf)
-            y_clamped, s_clamped = ours.step(u[:, i], s_clamped)
-            assert maxerr(y_clamped, y_full_hf[:, i]) <= FP32_TOL  # ours decode stays == HF prefill
-            gaps.append(maxerr(y_hf[:, 0], y_full_hf[:, i]))
-    # HF's own decode disagrees with HF's own prefill far beyond float32 noise (measured 2.4e-3 .. 3.7e-2)
-    assert min(gaps) > 10 * FP32_TOL and max(gaps) > 1e-2, gaps
+    u = torch.randn(1, 12, TINY["hidden_size"], generator=torch.Generator().manual_seed(6))
+    T, prefill, hf_decode_gap = 8, {}, []
+    for limit in [(1e-3, math.inf), (0.0, math.inf)]:
+        hf, ours, hf_cfg = hf_pair(seed=13, time_step_limit=limit)
+        with torch.no_grad():
+            hf.dt_bias[:3] = -12.0  # softplus(-12 + dt_raw) ~ 1e-5 .. 1e-4: below the (1e-3, inf) clamp
+        ours.load_state_dict(hf.state_dict())
+        unclamped = Mamba2Mixer(dataclasses.replace(ours.config, time_step_limit=(0.0, math.inf)), layer_idx=0)
+        unclamped.load_state_dict(hf.state_dict())
+        with torch.no_grad():
+            dt, _ = discretize(split_projection(ours.in_proj(u), ours.config)[2], ours.dt_bias, ours.A_log)
+            assert (dt[..., :3] < 1e-3).all()
+            prefill[limit] = hf(u)  # HF prefill over all 12 tokens
+            assert maxerr(ours(u)[0], prefill[limit]) <= FP32_TOL, limit
+            cache = DynamicCache(config=hf_cfg)
+            hf(u[:, :T], cache=cache)  # HF: prefill 8, then one token at a time
+            _, s = ours(u[:, :T])
+            s_unclamped = s.clone()
+            for i in range(T, 12):
+                y_hf = hf(u[:, i : i + 1], cache=cache)
+                y_ours, s = ours.step(u[:, i], s)
+                y_unclamped, s_unclamped = unclamped.step(u[:, i], s_unclamped)
+                assert maxerr(y_ours, prefill[limit][:, i]) <= FP32_TOL, (limit, i)  # our decode == prefill
+                assert maxerr(y_unclamped, y_hf[:, 0]) <= FP32_TOL, (limit, i)  # HF decode clamps nothing
+                hf_decode_gap.append(maxerr(y_hf[:, 0], prefill[limit][:, i]))
+    assert maxerr(prefill[(1e-3, math.inf)], prefill[(0.0, math.inf)]) > 1e-2
+    # Under (1e-3, inf), HF's decode parts from HF's prefill far beyond float32 noise; under (0, inf) it does not.
+    assert min(hf_decode_gap[:4]) > 10 * FP32_TOL and max(hf_decode_gap[4:]) <= FP32_TOL, hf_decode_gap
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,4 +1,12 @@
-"""The package installs as one `minispec`, with kernels/ mapped to `minispec.kernels`."""
+"""The package installs as one `minispec`, with kernels/ (linked as minispec/kernels) as `minispec.kernels`.
+
+kernels/ has no __init__.py, so from the repository root (first on sys.path under `python -m`, pytest and a
+notebook kernel started there) a top-level `import kernels` meets it only as a namespace portion, and
+Hugging Face's `kernels` package, a regular package further down sys.path, wins: the import system keeps
+looking past a namespace portion. transformers (5.25) depends on that package and imports it.
+"""
+import importlib.metadata
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -6,27 +14,57 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
+HF_KERNELS = Path(importlib.metadata.distribution("kernels").locate_file("kernels"))  # transformers' dependency
+
+WHICH_KERNELS = (
+    "import json, kernels, minispec, minispec.kernels.verify, transformers\n"
+    "from transformers.integrations import hub_kernels\n"  # the import that failed when kernels/ shadowed it
+    "print(json.dumps({'kernels': kernels.__file__, 'minispec.kernels': list(minispec.kernels.__path__),"
+    " 'verify': minispec.kernels.verify.__file__}))\n"
+)
 
 
-def test_kernels_is_not_a_top_level_module(tmp_path):
-    # From outside the checkout (as a user's script runs), after importing minispec and transformers,
-    # no top-level `kernels` may be importable: transformers would take it for Hugging Face's package.
-    code = (
-        "import importlib.util, sys, minispec, transformers\n"
-        "import minispec.kernels\n"
-        "from transformers.utils.import_utils import is_kernels_available\n"
-        "print(importlib.util.find_spec('kernels') is None, 'kernels' in sys.modules,"
-        " is_kernels_available(), minispec.kernels.__name__)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "False", "False", "minispec.kernels"]
+def test_from_the_repository_root_import_kernels_is_hugging_faces_package():
+    out = subprocess.run([sys.executable, "-c", WHICH_KERNELS], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout)
+    assert Path(found["kernels"]) == HF_KERNELS / "__init__.py"
+    assert [Path(p).resolve() for p in found["minispec.kernels"]] == [ROOT / "kernels"]
+    assert Path(found["verify"]).resolve() == ROOT / "kernels" / "verify.py"
+
+
+def test_from_outside_the_checkout_the_same():
+    out = subprocess.run([sys.executable, "-c", WHICH_KERNELS], cwd=ROOT.parent, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(json.loads(out.stdout)["kernels"]) == HF_KERNELS / "__init__.py"
+
+
+def test_python_m_pytest_from_the_repository_root_collects_every_test_module():
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "-o", "addopts=", "tests"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    modules = {line.split("::")[0] for line in out.stdout.splitlines() if "::" in line}
+    assert modules == {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")}
+
+
+def test_a_notebook_kernel_started_at_the_repository_root_imports_both(tmp_path):
+    """A notebook kernel whose working directory is the repository root (a notebook saved there, or
+    `jupyter lab` started there): the same resolution, in ipykernel."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(WHICH_KERNELS)])
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    found = json.loads(nb.cells[0].outputs[0]["text"])
+    assert Path(found["kernels"]) == HF_KERNELS / "__init__.py"
+    assert Path(found["verify"]).resolve() == ROOT / "kernels" / "verify.py"
 
 
 def test_every_subpackage_is_listed_in_pyproject():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {"minispec." + p.parent.relative_to(ROOT / "minispec").as_posix().replace("/", ".")
              for p in (ROOT / "minispec").rglob("__init__.py") if p.parent != ROOT / "minispec"}
-    found |= {"minispec", "minispec.kernels"}
+    found |= {"minispec", "minispec.kernels"}  # kernels/ has no __init__.py
     assert found == listed
 
 

@@ -32,10 +32,9 @@ class Mamba2Config:
     hidden_act (mamba_hidden_act); layer_norm_epsilon (layer_norm_epsilon: the gated norm's eps);
     time_step_min/max/floor (same names: the dt_bias initialisation only).
 
-    time_step_limit: (lo, hi) clamp of dt = softplus(dt_raw + dt_bias), applied identically by the
-    chunked and the step path. transformers' NemotronH mixer uses (time_step_min, inf) in its chunked
-    path and no clamp at all in its step path (and ignores the config field `time_step_limit`);
-    `from_nemotron_h` picks its chunked-path value by default, see there.
+    time_step_limit (time_step_limit): (lo, hi) clamp of dt = softplus(dt_raw + dt_bias), applied
+    identically by the chunked and the step path, as transformers' NemotronH mixer (5.25 and later),
+    vLLM and mamba_ssm apply it. Their default is (0, inf): no clamp.
     """
 
     hidden_size: int
@@ -98,14 +97,8 @@ class Mamba2Config:
 
     # transformers interop -----------------------------------------------------------------------
     @classmethod
-    def from_nemotron_h(cls, hf_config: Any, *, time_step_limit: tuple[float, float] | None = None) -> Mamba2Config:
-        """Read the Mamba fields of a transformers `NemotronHConfig` (or any object with those attributes).
-
-        `time_step_limit` defaults to (hf_config.time_step_min, inf): what transformers' mixer really
-        applies in its chunked (prefill) path, so prefill outputs agree with it. Its step path clamps
-        nothing; pass (0.0, inf) to reproduce that (and vLLM / mamba_ssm, whose default is (0, inf)).
-        """
-        limit = (float(hf_config.time_step_min), math.inf) if time_step_limit is None else time_step_limit
+    def from_nemotron_h(cls, hf_config: Any) -> Mamba2Config:
+        """Read the Mamba fields of a transformers `NemotronHConfig` (or any object with those attributes)."""
         return cls(
             hidden_size=hf_config.hidden_size,
             num_heads=hf_config.mamba_num_heads,
@@ -117,7 +110,7 @@ class Mamba2Config:
             use_conv_bias=bool(hf_config.use_conv_bias),
             use_bias=bool(hf_config.use_bias),
             hidden_act=hf_config.mamba_hidden_act,
-            time_step_limit=tuple(limit),
+            time_step_limit=tuple(hf_config.time_step_limit),
             layer_norm_epsilon=float(hf_config.layer_norm_epsilon),
             time_step_min=float(hf_config.time_step_min),
             time_step_max=float(hf_config.time_step_max),
@@ -127,8 +120,7 @@ class Mamba2Config:
     def to_nemotron_h_kwargs(self) -> dict[str, Any]:
         """The `NemotronHConfig(**kwargs)` Mamba fields for this mixer.
 
-        Round trip: `from_nemotron_h(NemotronHConfig(**kw))` gives back this config when
-        `time_step_limit == (time_step_min, inf)`; transformers cannot express another clamp.
+        Round trip: `from_nemotron_h(NemotronHConfig(**kw))` gives back this config.
         """
         return {
             "hidden_size": self.hidden_size,
@@ -145,4 +137,5 @@ class Mamba2Config:
             "time_step_min": self.time_step_min,
             "time_step_max": self.time_step_max,
             "time_step_floor": self.time_step_floor,
+            "time_step_limit": list(self.time_step_limit),
         }

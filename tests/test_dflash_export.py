@@ -7,7 +7,7 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 import minispec as ms
-from minispec.costs import E4B_DFLASH, DFlashShape, MiB, dflash_kv_cache_bytes, dflash_param_count
+from minispec.costs import E4B_DFLASH, MiB, dflash_kv_cache_bytes, dflash_param_count
 from minispec.dflash.config import FULL, SLIDING, DFlashConfig, bolt_mini_dflash_config, read_hf_config
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.dflash.export import (
@@ -149,8 +149,6 @@ def test_layer_types_and_window_are_what_vllm_runs(tmp_path, keys, layer_types, 
     assert vllm_layers == expected
     resolved = read_hf_config(cfg)
     assert list(resolved.layer_types) == layer_types and resolved.sliding_window == window
-    shape = DFlashShape.from_hf_config(cfg)
-    assert list(shape.layer_types) == layer_types and shape.sliding_window == window
     config = config_from_hf_dflash(cfg, has_lm_head=False)
     assert [(config.window_of(i), False) for i in range(3)] == expected
 
@@ -206,7 +204,7 @@ def test_load_drafter_model_reads_either_format(target, tmp_path):
 def test_cost_model_reads_the_export(target, tmp_path):
     model = drafter_model(target, has_own_lm_head=True)
     cfg, tensors = read(export_hf_dflash(model, tmp_path))
-    shape = DFlashShape.from_hf_config(cfg, has_lm_head="lm_head.weight" in tensors)
+    shape = config_from_hf_dflash(cfg, has_lm_head="lm_head.weight" in tensors)
     assert dflash_param_count(shape).total == num_parameters(model) == sum(t.numel() for t in tensors.values())
     assert shape.sliding_window == 12 and shape.num_taps == 3 and shape.block_size == 8
 
@@ -234,7 +232,7 @@ def test_e4b_config_builds_a_drafter_of_the_published_size(tmp_path):
     from minispec.dflash.export import hf_dflash_config
 
     exported = hf_dflash_config(config, torch.bfloat16)
-    assert dflash_kv_cache_bytes(DFlashShape.from_hf_config(exported, has_lm_head=True)) == 20 * MiB
+    assert dflash_kv_cache_bytes(config_from_hf_dflash(exported, has_lm_head=True)) == 20 * MiB
     for key in ("block_size", "num_target_layers", "layer_types", "sliding_window", "has_own_lm_head"):
         assert exported[key] == E4B_CONFIG[key], key
     assert exported["dflash_config"] == {**E4B_CONFIG["dflash_config"], "block_size": 8}
@@ -252,7 +250,7 @@ def test_bolt_mini_drafter_exports(tmp_path):
     exported = hf_dflash_config(cfg)
     assert exported["dflash_config"]["target_layer_ids"] == [5, 8, 10]
     assert exported["num_target_layers"] == target_config.num_hidden_layers
-    shape = DFlashShape.from_hf_config(exported)
+    shape = config_from_hf_dflash(exported, has_lm_head=False)
     assert dflash_param_count(shape).total == num_parameters(model)
 
 

@@ -18,9 +18,16 @@ import torch
 import torch.nn.functional as F
 
 import minispec as ms
-from minispec.costs import DFlashShape, dflash_kv_cache_bytes, dflash_param_count
+from minispec.costs import dflash_kv_cache_bytes, dflash_param_count
 from minispec.dflash import mask as dm
-from minispec.dflash.config import FULL, SLIDING, DFlashConfig, bolt_mini_dflash_config, mask_token_id_of
+from minispec.dflash.config import (
+    FULL,
+    SLIDING,
+    DFlashConfig,
+    bolt_mini_dflash_config,
+    config_from_hf_dflash,
+    mask_token_id_of,
+)
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.dflash.export import hf_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
@@ -324,13 +331,13 @@ def test_drafts_are_argmax_at_any_temperature(target):
                                  "layer_types": [FULL], "sliding_window": None}])
 def test_parameter_count_equals_the_cost_model(target, kw):
     model = drafter_model(target, **kw)
-    shape = DFlashShape.from_hf_config(hf_dflash_config(model.config), has_lm_head=model.config.has_own_lm_head)
-    assert num_parameters(model) == dflash_param_count(shape).total
+    read_back = config_from_hf_dflash(hf_dflash_config(model.config), has_lm_head=model.config.has_own_lm_head)
+    assert num_parameters(model) == dflash_param_count(model.config).total == dflash_param_count(read_back).total
 
 
 def test_cache_payload_equals_the_cost_model_below_the_window(target):
     model = drafter_model(target, layer_types=[FULL, FULL], sliding_window=None)
-    shape = DFlashShape.from_hf_config(hf_dflash_config(model.config))
+    shape = config_from_hf_dflash(hf_dflash_config(model.config), has_lm_head=False)
     _, out = sequence(target, S=30, batch=1)
     cache = model.new_cache(1)
     model.extend_cache(cache, model.tap(out.hidden_states), torch.ones(1, 30, dtype=torch.bool))

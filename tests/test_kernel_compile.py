@@ -1,6 +1,6 @@
 """Every Triton kernel compiles for sm_80, sm_90 and sm_100 (W4A4's FP4 tensor-core path: sm_100 only) on this
 CPU-only machine, at every configuration its wrapper launches, within each arch's shared memory
-(`minispec.kernels.aot`, docs/kernels.md).
+(`tools/aot.py`, docs/kernels.md).
 
 The compiles run in a fresh process: this one has TRITON_INTERPRET=1 (conftest.py), under which
 `@triton.jit` makes interpreted functions that cannot be compiled. Triton's cache goes to a temporary
@@ -29,9 +29,9 @@ def fresh_python(args: list[str], tmp_path: Path, **kwargs) -> subprocess.Comple
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """`python -m minispec.kernels.aot` once for the module: its exit, its JSON and its Markdown page."""
+    """`python tools/aot.py` once for the module: its exit, its JSON and its Markdown page."""
     tmp = tmp_path_factory.mktemp("aot")
-    out = fresh_python(["-m", "minispec.kernels.aot", "--json", str(tmp / "kernels.json"), "--markdown",
+    out = fresh_python([str(ROOT / "tools" / "aot.py"), "--json", str(tmp / "kernels.json"), "--markdown",
                         str(tmp / "kernels.md")], tmp, timeout=1800)
     assert (tmp / "kernels.json").exists(), out.stderr[-3000:]
     return out, json.loads((tmp / "kernels.json").read_text()), (tmp / "kernels.md").read_text()
@@ -74,7 +74,7 @@ def test_docs_kernels_md_is_current(compiled):
     committed = (ROOT / "docs" / "kernels.md").read_text()
     if f"triton {data['triton']})" not in committed:
         pytest.skip(f"docs/kernels.md was written with another triton than {data['triton']}")
-    assert committed == page, "docs/kernels.md is stale: python -m minispec.kernels.aot --markdown docs/kernels.md"
+    assert committed == page, "docs/kernels.md is stale: python tools/aot.py --markdown docs/kernels.md"
 
 
 FAKE_KERNELS = '''
@@ -111,9 +111,9 @@ def copy(x):
 RECORD_FAKE = '''
 import json, sys
 import torch
-sys.path.insert(0, ".")
+sys.path[:0] = [".", sys.argv[1]]
 import fake_kernels
-from minispec.kernels import aot
+import aot
 
 calls = [aot.Call(fake_kernels.copy, (torch.zeros(5, dtype=dtype),), {}) for dtype in (torch.float32, torch.float16)]
 launches, refused = aot.record_launches(calls)
@@ -127,7 +127,7 @@ def test_a_new_branch_is_recorded_and_an_unlaunched_kernel_is_named(tmp_path):
     """The configurations come from running the wrapper: a branch it takes on the input's dtype shows up as
     a second configuration without anyone listing it, and a kernel nothing launches is reported."""
     (tmp_path / "fake_kernels.py").write_text(textwrap.dedent(FAKE_KERNELS))
-    out = fresh_python(["-c", RECORD_FAKE], tmp_path, cwd=tmp_path, timeout=300)
+    out = fresh_python(["-c", RECORD_FAKE, str(ROOT / "tools")], tmp_path, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["configs"] == ["fp32,fp32 DOUBLE=False BLOCK=8", "fp16,fp16 DOUBLE=True BLOCK=8"]

@@ -125,3 +125,30 @@ def test_no_import_circle_in_the_package():
         if node not in state:
             visit(node, [node])
     assert not cycles, "import circles:\n" + "\n".join(cycles)
+
+
+def layout_map() -> list[str]:
+    """The paths CONTRIBUTING.md's layout map names, nested entries under their folder (`minispec/costs/`)."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    paths, parent = [], ""
+    for line in block.splitlines():
+        if not line.strip() or line.startswith(" " * 6):  # blank, or a description's continuation
+            continue
+        name = line.split()[0]
+        if line.startswith("  "):
+            paths.append(parent + name)
+        else:
+            paths.append(name)
+            parent = name if name.endswith("/") else ""
+    return paths
+
+
+def test_the_layout_map_names_only_what_exists_and_every_package_folder():
+    paths = layout_map()
+    assert len(paths) > 20 and "minispec/costs/" in paths
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"CONTRIBUTING.md's map names paths that do not exist: {missing}"
+    folders = {f"minispec/{p.name}/" for p in (ROOT / "minispec").iterdir()
+               if p.is_dir() and not p.is_symlink() and p.name != "__pycache__"}
+    assert not folders - set(paths), f"folders of minispec/ the map does not name: {sorted(folders - set(paths))}"

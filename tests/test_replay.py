@@ -173,7 +173,7 @@ def test_byte_model_equals_what_the_stores_count(strategy):
     from minispec import costs
     shape = costs.LIGHTNING_MINI_MAMBA2
     cfg = Mamba2Config(hidden_size=16, num_heads=shape.num_heads, head_dim=shape.head_dim,
-                       state_size=shape.d_state, n_groups=shape.n_groups)
+                       state_size=shape.state_size, n_groups=shape.n_groups, conv_kernel=shape.conv_kernel)
     m = Mamba2Mixer(cfg).eval()
     store = make_store(strategy, m, m.init_state(1), capacity=16)
     steps, T, n = 20, 4, 3

@@ -150,7 +150,7 @@ def _replay_cases() -> list[Case]:
     from minispec.ssm.replay import replay_flush, replay_verify
 
     s = costs.SUPER_MAMBA2
-    H, P, N, G = s.num_heads, s.head_dim, s.d_state, s.n_groups
+    H, P, N, G = s.num_heads, s.head_dim, s.state_size, s.n_groups
     L, T = 16, 8  # a ring of 16 records since the checkpoint; a verify window of 8
     cases = []
     for b in BATCHES:
@@ -179,7 +179,7 @@ def _ssd_cases() -> list[Case]:
     from minispec.ssm.ssd import ssd_chunked
 
     s = costs.SUPER_MAMBA2
-    H, P, N, G = s.num_heads, s.head_dim, s.d_state, s.n_groups
+    H, P, N, G = s.num_heads, s.head_dim, s.state_size, s.n_groups
     Q = 128  # Super's chunk size
     cases = []
     for T in (512, 4096):  # a short and a long prompt, one sequence

@@ -29,6 +29,7 @@ from transformers import PretrainedConfig
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
+ARCHITECTURE = "DFlashDraftModel"  # what an HF-native DFlash config.json names
 
 # Gamma of the loss decay w_k = exp(-(k-1)/gamma) suggested per block size by the DFlash paper (Eq. 4,
 # as SpecForge's scripts/train_dflash.py and ModelOpt's DFlash recipe quote it).
@@ -302,6 +303,52 @@ def read_hf_config(cfg: Mapping) -> HFDFlashConfig:
     )
 
 
+def config_from_hf_dflash(cfg: dict, has_lm_head: bool, target_config=None,
+                          draft_vocab_size: int | None = None) -> DFlashConfig:
+    """A `DFlashConfig` from an HF-native `config.json` (parsed), resolved as vLLM resolves it (`read_hf_config`).
+
+    has_lm_head: whether the weights hold `lm_head.weight`; draft_vocab_size: the length of their `d2t`, if
+    any (it must agree with the config's). target_config fills what the file may
+    lack (num_target_layers, final_logit_softcapping) and is checked against what it states.
+    """
+    if ARCHITECTURE not in (cfg.get("architectures") or []):
+        raise ValueError(f"not a DFlash drafter config: architectures is {cfg.get('architectures')!r}, expected "
+                         f"[{ARCHITECTURE!r}]")
+    hf = read_hf_config(cfg)
+    if hf.block_size is None:
+        raise ValueError("the DFlash config gives no block_size")
+    if hf.target_layer_ids is None:
+        raise ValueError("the DFlash config gives no target_layer_ids; they are never recomputed")
+    causal = [i for i, c in enumerate(hf.causal) if c]
+    if causal:
+        raise ValueError(f"layers {causal} of this DFlash drafter are causal (is_causal or dflash_config.causal, or "
+                         f"sliding layers without dflash_config.causal: false, which vLLM runs causally); minispec's "
+                         f"drafter attends non-causally within a block")
+    num_target_layers = hf.num_target_layers
+    softcap = cfg.get("final_logit_softcapping")
+    if target_config is not None:
+        if num_target_layers is None:
+            num_target_layers = target_config.num_hidden_layers
+        if "final_logit_softcapping" not in cfg:
+            softcap = getattr(target_config, "final_logit_softcapping", None)
+    rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+    stated = cfg.get("draft_vocab_size")
+    if stated is not None and stated != draft_vocab_size and not (draft_vocab_size is None and stated == hf.vocab_size):
+        raise ValueError(f"the config's draft_vocab_size is {stated} but the weights' d2t maps "
+                         f"{draft_vocab_size or 'no'} draft tokens")
+    return DFlashConfig(
+        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
+        num_hidden_layers=hf.num_hidden_layers, num_attention_heads=hf.num_attention_heads,
+        num_key_value_heads=hf.num_key_value_heads, head_dim=hf.head_dim,
+        hidden_act=cfg.get("hidden_act", "silu"), rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=rope_theta,
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096), attention_bias=hf.attention_bias,
+        layer_types=list(hf.layer_types), sliding_window=hf.sliding_window,
+        block_size=hf.block_size, mask_token_id=hf.mask_token_id, target_layer_ids=list(hf.target_layer_ids),
+        num_target_layers=num_target_layers, target_hidden_size=hf.target_hidden_size,
+        has_own_lm_head=has_lm_head, final_logit_softcapping=softcap, draft_vocab_size=draft_vocab_size,
+    )
+
+
 def mask_token_id_of(tokenizer) -> int:
     """The id of the tokenizer's `<mask>` token; a clear error if it has none (DFlash needs one)."""
     mask_id = getattr(tokenizer, "mask_token_id", None)
@@ -318,15 +365,16 @@ def bolt_mini_dflash_config(**overrides) -> DFlashConfig:
     """The DFlash drafter for bolt-mini, mirroring Bolt E4B's drafter at toy scale.
 
     bolt-mini is a 12-layer Gemma-4 whose layers 5 and 11 are full attention (5 sliding + 1 full).
-    Taps follow E4B's principle (E4B taps the full-attention layers 5, 11, 17, 23 and the late full
-    layer 35 of its 42, never its last): the output of full-attention layer 5, which has seen the whole
-    context, plus the late layers 8 and 10, which are closest to the next-token prediction. Layer 11 is
-    full attention too but it is the last layer: its output is not available as a tap (`check_tap_ids`).
+    The taps are this project's choice. E4B's drafter reads five of its target's seven full-attention
+    layers (5, 11, 17, 23 and 35 of 5, 11, ..., 41; the Bolt E4B write-up gives no reason for leaving
+    out 29 and 41). bolt-mini's layer 11 is its last, whose output is not available as a tap
+    (`check_tap_ids`), so full layers alone would give one tap: the drafter reads full layer 5 and
+    sliding layers 8 and 10, three taps over the later half of the stack as E4B's span 5 to 35.
 
     * B = 8 (E4B's block size; 7 drafts per cycle), gamma = 4 for the loss decay;
     * 2 layers of hidden 192 with bolt-mini's heads (3 q / 1 kv of 64) and an MLP of 2 x hidden (E4B's
-      ratio); every layer sliding with bolt-mini's 128-token window, as every E4B drafter layer slides
-      with its target's window;
+      ratio); every layer sliding, as every E4B drafter layer slides (over 1,024 tokens), with
+      bolt-mini's own 128-token window (the project's choice of width);
     * the head is shared with the target (bolt-mini ties it to its embedding). An own head would be
       4096 x 192 = 786k parameters, more than the rest of the drafter (~751k) and the largest thing to
       learn on a CPU budget; sharing keeps the drafter's outputs in the target's own output space.

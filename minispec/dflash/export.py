@@ -26,11 +26,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from minispec.dflash.config import SLIDING, DFlashConfig, read_hf_config
+from minispec.dflash.config import ARCHITECTURE, SLIDING, DFlashConfig, config_from_hf_dflash
 from minispec.dflash.model import DFlashDraftModel
 from minispec.targets.manifest import check_manifest
-
-ARCHITECTURE = "DFlashDraftModel"
 
 # Every config key vLLM's DFlash loader reads (vllm/model_executor/models/qwen3_dflash.py, and
 # eagle3_utils.get_eagle3_aux_layers_from_config for the taps), plus the two top-level keys z-lab's
@@ -104,52 +102,6 @@ def export_hf_dflash(model: DFlashDraftModel, folder, dtype: torch.dtype | None 
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(hf_dflash_config(model.config, dtype), indent=2) + "\n")
     return folder
-
-
-def config_from_hf_dflash(cfg: dict, has_lm_head: bool, target_config=None,
-                          draft_vocab_size: int | None = None) -> DFlashConfig:
-    """A `DFlashConfig` from an HF-native `config.json` (parsed), resolved as vLLM resolves it (`read_hf_config`).
-
-    has_lm_head: whether the weights hold `lm_head.weight`; draft_vocab_size: the length of their `d2t`, if
-    any (it must agree with the config's). target_config fills what the file may
-    lack (num_target_layers, final_logit_softcapping) and is checked against what it states.
-    """
-    if ARCHITECTURE not in (cfg.get("architectures") or []):
-        raise ValueError(f"not a DFlash drafter config: architectures is {cfg.get('architectures')!r}, expected "
-                         f"[{ARCHITECTURE!r}]")
-    hf = read_hf_config(cfg)
-    if hf.block_size is None:
-        raise ValueError("the DFlash config gives no block_size")
-    if hf.target_layer_ids is None:
-        raise ValueError("the DFlash config gives no target_layer_ids; they are never recomputed")
-    causal = [i for i, c in enumerate(hf.causal) if c]
-    if causal:
-        raise ValueError(f"layers {causal} of this DFlash drafter are causal (is_causal or dflash_config.causal, or "
-                         f"sliding layers without dflash_config.causal: false, which vLLM runs causally); minispec's "
-                         f"drafter attends non-causally within a block")
-    num_target_layers = hf.num_target_layers
-    softcap = cfg.get("final_logit_softcapping")
-    if target_config is not None:
-        if num_target_layers is None:
-            num_target_layers = target_config.num_hidden_layers
-        if "final_logit_softcapping" not in cfg:
-            softcap = getattr(target_config, "final_logit_softcapping", None)
-    rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 1_000_000.0))
-    stated = cfg.get("draft_vocab_size")
-    if stated is not None and stated != draft_vocab_size and not (draft_vocab_size is None and stated == hf.vocab_size):
-        raise ValueError(f"the config's draft_vocab_size is {stated} but the weights' d2t maps "
-                         f"{draft_vocab_size or 'no'} draft tokens")
-    return DFlashConfig(
-        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
-        num_hidden_layers=hf.num_hidden_layers, num_attention_heads=hf.num_attention_heads,
-        num_key_value_heads=hf.num_key_value_heads, head_dim=hf.head_dim,
-        hidden_act=cfg.get("hidden_act", "silu"), rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=rope_theta,
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096), attention_bias=hf.attention_bias,
-        layer_types=list(hf.layer_types), sliding_window=hf.sliding_window,
-        block_size=hf.block_size, mask_token_id=hf.mask_token_id, target_layer_ids=list(hf.target_layer_ids),
-        num_target_layers=num_target_layers, target_hidden_size=hf.target_hidden_size,
-        has_own_lm_head=has_lm_head, final_logit_softcapping=softcap, draft_vocab_size=draft_vocab_size,
-    )
 
 
 def load_hf_dflash(folder, target=None) -> DFlashDraftModel:

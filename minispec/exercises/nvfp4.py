@@ -1,4 +1,4 @@
-"""Checkers of exercise 04x: E2M1 rounding, and the two-level NVFP4 scales of one tensor.
+"""Checkers of exercise 04x: E2M1 rounding, the two-level NVFP4 scales of one tensor, and the QAD loss.
 
     e2m1_round(x: FloatTensor) -> FloatTensor             nearest of ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to
                                                           even, saturating at ±6, sign kept
@@ -6,14 +6,19 @@
                                                           scales [R, K // 16] = E4M3(clamp(a_b / (6 · g),
                                                           2**-9, 448)) as float32, a_b = max |x| of block b
                                                           (16 consecutive elements along the last dimension)
+    qad_kl(teacher_logits: [B, T, V], student_logits: [B, T, V], mask: [B, T], temperature: float) -> 0-d
+                                                          mean over the positions where mask is 1 of
+                                                          KL(softmax(t / T) ‖ softmax(s / T)), no T² factor
 
-Both are compared exactly with `minispec.quant.nvfp4` (e2m1_round, global_scale_from_amax, block_scales).
+The first two are compared exactly with `minispec.quant.nvfp4` (e2m1_round, global_scale_from_amax,
+block_scales); qad_kl, value and gradient, with `minispec.kl.kl_divergence` masked as `quant.qad.qad_loss` does.
 """
 from __future__ import annotations
 
 import torch
 
 from minispec.exercises.result import Wrong, as_tensor, call
+from minispec.kl import kl_divergence
 from minispec.quant.nvfp4 import (
     BLOCK_SIZE,
     E4M3_MAX,
@@ -111,3 +116,83 @@ def check_nvfp4_scales(fn) -> str:
         raise Wrong(f"x of shape {[R, K]}: block_scales{i} = {s_got[tuple(i)].item():.6g}, expected "
                     f"{s_want[tuple(i)].item():.6g}. {why}.")
     return "Exact on 4 tensors: blocks of very different magnitudes, an all-zero block, a tiny tensor, all zeros."
+
+
+def _qad_cases() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
+    g = torch.Generator().manual_seed(5)
+    cases = []
+    for temperature, scale in ((1.0, 2.0), (2.0, 3.0), (0.5, 1.0)):
+        t = torch.randn(2, 5, 11, generator=g) * scale
+        s = t + torch.randn(2, 5, 11, generator=g)  # a student near its teacher, as after PTQ
+        mask = torch.ones(2, 5)
+        mask[1, 3:] = 0  # the second sequence is padded after 3 tokens
+        cases.append((t, s, mask, temperature))
+    return cases
+
+
+def _reference_qad_kl(t, s, mask, temperature):
+    kl = kl_divergence(t, s, temperature=temperature, reduction="none")
+    return (kl * mask).sum() / mask.sum()
+
+
+def _qad_mistake(t, s, mask, temperature, got: float) -> str:
+    """The likely mistake behind a wrong value `got`, found by computing the usual wrong variants."""
+    tf, sf = t.float(), s.float()
+
+    def masked(kl):
+        return ((kl * mask).sum() / mask.sum()).item()
+
+    def kl_rows(a, b, ta=temperature, tb=temperature):
+        log_a, log_b = torch.log_softmax(a / ta, -1), torch.log_softmax(b / tb, -1)
+        return (log_a.exp() * (log_a - log_b)).sum(-1)
+
+    V = t.shape[-1]
+    variants = [
+        (masked(kl_rows(sf, tf)), "that is KL(student ‖ teacher), the reverse KL: QAD weighs by the teacher's "
+                                  "distribution, Σ p_t (log p_t − log p_s)"),
+        (kl_rows(tf, sf).mean().item(), "the padded positions are averaged in: average only where mask is 1"),
+        (masked(kl_rows(tf, sf)) * temperature ** 2, "the loss is multiplied by T²; minispec's QAD loss (like "
+                                                     "Model Optimizer's Megatron path) has no T² factor"),
+        (masked(kl_rows(tf, sf)) / V, "the sum over the vocabulary was averaged instead (F.kl_div with "
+                                      "reduction='mean' divides by B·T·V): sum over V, average over positions"),
+        (kl_rows(tf, sf).sum().item() / t.shape[0], "the sum over all positions was divided by the batch size "
+                                                   "(F.kl_div's reduction='batchmean' divides by the first "
+                                                   "dimension) and the padded positions are in it: average only "
+                                                   "over the positions where mask is 1"),
+        (masked(kl_rows(tf, sf, 1.0, 1.0)), "the temperature is missing: divide both logits by T before the "
+                                            "softmax"),
+        (masked(kl_rows(tf, sf, 1.0, temperature)), "only the student's logits are divided by T: divide the "
+                                                    "teacher's too"),
+        (masked(kl_rows(tf, sf, temperature, 1.0)), "only the teacher's logits are divided by T: divide the "
+                                                    "student's too"),
+    ]
+    for value, why in variants:
+        if abs(value - got) <= 1e-5 * max(1.0, abs(value)):
+            return why
+    return ("KL(p_t ‖ p_s) = Σ_v p_t(v) (log p_t(v) − log p_s(v)) with p = softmax(logits / T), summed over the "
+            "vocabulary and averaged over the positions where mask is 1")
+
+
+def check_qad_kl(fn) -> str:
+    for t, s, mask, temperature in _qad_cases():
+        want = _reference_qad_kl(t, s, mask, temperature)
+        student = s.clone().requires_grad_(True)
+        out = call(fn, t.clone(), student, mask.clone(), temperature)
+        if not isinstance(out, (torch.Tensor, float, int)):
+            raise Wrong(f"qad_kl returns the loss as a 0-d tensor, got {type(out).__name__}")
+        got = torch.as_tensor(out) if not isinstance(out, torch.Tensor) else out
+        if got.numel() != 1:
+            raise Wrong(f"qad_kl returns one number (a 0-d tensor), got shape {list(got.shape)}")
+        if not torch.allclose(got.detach().float(), want, rtol=1e-5, atol=1e-7):
+            why = _qad_mistake(t, s, mask, temperature, got.item())
+            raise Wrong(f"T = {temperature:g}: qad_kl = {got.item():.6g}, expected {want.item():.6g}: {why}.")
+        if not got.requires_grad:
+            raise Wrong("the loss has no gradient to the student's logits: QAD trains the student through it "
+                        "(do not detach the student or call .item())")
+        (grad,) = torch.autograd.grad(got.float().sum(), student)
+        p_t, p_s = torch.softmax(t / temperature, -1), torch.softmax(s / temperature, -1)
+        want_grad = (p_s - p_t) / temperature * mask[..., None] / mask.sum()
+        if not torch.allclose(grad, want_grad, rtol=1e-4, atol=1e-7):
+            raise Wrong(f"T = {temperature:g}: the value is right but its gradient to the student's logits is not "
+                        "(p_s − p_t) / (T · positions): compute the loss from the student's logits directly")
+    return "Value and gradient exact at T = 1, 2 and 0.5, with a padded sequence."

@@ -1,5 +1,6 @@
-"""The pieces of notebook 02 (DFlash) that are library code: its figures, one verify step under each
-drafting rule, and a short live training run with tau measured on validation prompts while it trains.
+"""The pieces of notebook 02 (DFlash) that are library code: its figures (the tap map, the parameter budget,
+the training mask, the closing speed figure), one verify step under each drafting rule, and a short live
+training run with tau measured on validation prompts while it trains.
 
 The drafter's two policies themselves live in `minispec.dflash.drafter` (`DFlashDrafter(...,
 policy="argmax" | "sample")`): both exact, and which accepts more is measured, not assumed.
@@ -11,12 +12,19 @@ from collections.abc import Mapping, Sequence
 import torch
 
 import minispec as ms
+from minispec import costs
 from minispec.costs import DFlashParamCount
 from minispec.dflash import mask as dmask
-from minispec.dflash.config import FULL
+from minispec.dflash.config import FULL, SLIDING
 from minispec.dflash.drafter import DFlashDrafter
 
 SLIDING_COLOR, FULL_COLOR, TAP_COLOR = "#9ecae1", "#3182bd", "#e6550d"
+
+# Bolt E4B's target as the Bolt E4B write-up describes it: 42 layers, one full-attention layer after every five
+# sliding-window ones (35 sliding, 7 full: 5, 11, 17, 23, 29, 35, 41), and its drafter reads the outputs of five
+# of the full ones. Full layers 29 and 41 are not tapped; the write-up gives no reason.
+E4B_LAYER_TYPES = tuple(FULL if i % 6 == 5 else SLIDING for i in range(42))
+E4B_TAPS = (5, 11, 17, 23, 35)
 
 
 def _plt():
@@ -28,7 +36,8 @@ def _plt():
 def tap_map(models: Mapping[str, tuple[Sequence[str], Sequence[int]]]):
     """One row of boxes per model: its layers, sliding (light) or full attention (dark), taps outlined.
 
-    models: {name: (layer_types, target_layer_ids)}.
+    models: {name: (layer_types, target_layer_ids)}. Every tapped and every full-attention layer is numbered
+    (orange: tapped), so an untapped full layer shows as a dark number.
     """
     plt = _plt()
     fig, axes = plt.subplots(len(models), 1, figsize=(10, 1.1 * len(models) + 0.4), squeeze=False)
@@ -37,8 +46,9 @@ def tap_map(models: Mapping[str, tuple[Sequence[str], Sequence[int]]]):
             tapped = i in taps
             ax.add_patch(plt.Rectangle((i, 0), 0.9, 1, color=FULL_COLOR if kind == FULL else SLIDING_COLOR,
                                        ec=TAP_COLOR if tapped else "none", lw=2.5 if tapped else 0))
-            if tapped:
-                ax.text(i + 0.45, 1.15, str(i), ha="center", va="bottom", fontsize=8, color=TAP_COLOR)
+            if tapped or kind == FULL:
+                ax.text(i + 0.45, 1.15, str(i), ha="center", va="bottom", fontsize=8,
+                        color=TAP_COLOR if tapped else FULL_COLOR)
         ax.set_xlim(-0.2, len(types))
         ax.set_ylim(0, 1.7)
         ax.set_yticks([])
@@ -48,8 +58,8 @@ def tap_map(models: Mapping[str, tuple[Sequence[str], Sequence[int]]]):
             ax.spines[side].set_visible(False)
     handles = [plt.Rectangle((0, 0), 1, 1, color=SLIDING_COLOR), plt.Rectangle((0, 0), 1, 1, color=FULL_COLOR),
                plt.Rectangle((0, 0), 1, 1, fc="white", ec=TAP_COLOR, lw=2.5)]
-    fig.legend(handles, ["sliding window", "full attention", "tapped (number = layer id)"], loc="lower center",
-               ncol=3, frameon=False)
+    fig.legend(handles, ["sliding window", "full attention", "tapped (orange number = layer id)"],
+               loc="lower center", ncol=3, frameon=False)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
 
@@ -98,6 +108,51 @@ def mask_figure(seq_len: int = 20, anchors: Sequence[int] = (3, 9, 14), block_si
     ax.set_yticks([j * block_size + block_size / 2 - 0.5 for j in range(Q // block_size)],
                   [f"block @ {x}" for x in anchors] + ["padding"] * padding_blocks)
     ax.set_title("training mask (dark = may attend; ▼ = the anchor's own context row, which it may NOT see)")
+    fig.tight_layout()
+    return fig
+
+
+def speed_figure(rows: Mapping[str, Mapping[str, float]], max_tau: float = 8.0):
+    """The notebook's answer: speedup over plain decoding against tau, one line per target, from the costs of a
+    `minispec.bench.dflash.side_by_side` row (C_t, C_d, C_v each timed alone): speedup = tau / tau*, with
+    tau* = (C_d + C_v) / C_t the break-even (a circle on the line at 1). A star marks the prediction at the
+    measured tau, a diamond the speedup measured in the loop; the gap between them is the loop's own overhead.
+    rows: {target name: side_by_side row}.
+    """
+    if not rows:
+        raise ValueError("speed_figure needs at least one side_by_side row")
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    taus = torch.linspace(1, max_tau, 50).tolist()
+    ax.axhspan(0, 1, color="#de2d26", alpha=0.07, lw=0)
+    ax.axhline(1, color="0.4", ls=":", lw=1.2)
+    top = 1.0
+    for (name, row), color in zip(rows.items(), ("#3182bd", "#31a354", "#756bb1", "#e6550d")):
+        missing = {"tau", "speedup", "C_t_ms", "C_d_ms", "C_v_ms"} - set(row)
+        if missing:
+            raise ValueError(f"row {name!r} lacks {sorted(missing)}: pass rows of minispec.bench.dflash.side_by_side")
+        c_t, c_d, c_v, tau = row["C_t_ms"], row["C_d_ms"], row["C_v_ms"], row["tau"]
+        tau_star = costs.break_even_tau(c_t, c_d, c_v)
+        curve = [costs.speedup(t, c_t, c_d, c_v) for t in taus]
+        predicted = costs.speedup(tau, c_t, c_d, c_v)
+        ax.plot(taus, curve, color=color, lw=2, label=f"{name}: cost model, break-even τ* = {tau_star:.2f}")
+        if tau_star <= max_tau:
+            ax.plot([tau_star], [1.0], "o", color=color, mec="white", ms=7)
+        ax.plot([tau], [predicted], "*", color=color, ms=14, mec="black", mew=0.5)
+        ax.plot([tau], [row["speedup"]], "D", color=color, ms=8, mec="black", mew=0.5)
+        ax.plot([tau, tau], [predicted, row["speedup"]], color=color, ls="--", lw=1)
+        ax.annotate(f"τ = {tau:.2f}: {predicted:.2f}× predicted, {row['speedup']:.2f}× measured",
+                    (tau, row["speedup"]), xytext=(8, -4), textcoords="offset points", fontsize=8, va="top")
+        top = max(top, curve[-1], predicted, row["speedup"])
+    ax.plot([], [], "*", color="0.3", ms=12, label="predicted at the measured τ")
+    ax.plot([], [], "D", color="0.3", ms=7, label="measured in the loop")
+    ax.text(max_tau, 0.5, "slower than plain decoding ", ha="right", va="center", fontsize=8, color="#de2d26")
+    ax.set_xlim(1, max_tau)
+    ax.set_ylim(0, top * 1.1)
+    ax.set_xlabel("τ: tokens emitted per target forward")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title("does a DFlash drafter make decoding faster? (batch 1, greedy, this machine)")
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
 

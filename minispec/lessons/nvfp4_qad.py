@@ -1,6 +1,7 @@
 """NVFP4 pictures for notebook 04: the E2M1 grid, two-level scales, a block by hand, four-over-six,
-static vs dynamic scales, the storage tiers of a hybrid MoE model, sensitivity bars, QAD curves and the
-PTQ / QAD recovery of a real model. Each figure function draws into `ax` if given and returns the Figure."""
+static vs dynamic scales, the storage tiers of a hybrid MoE model, sensitivity bars, QAD curves, the
+PTQ / QAD recovery of a real model, and the published Lightning and Super QAD figures. Each figure function
+draws into `ax` if given and returns the Figure."""
 from __future__ import annotations
 
 import torch
@@ -13,6 +14,68 @@ from minispec.quant.modules import QuantLinear
 from minispec.viz.plots import PALETTE, axes_or_new, finish_axes
 
 TIER_COLORS = {"w4a16": PALETTE[0], "w4a4": PALETTE[5], "fp8": PALETTE[1], "bf16": PALETTE[3]}
+
+# The published figures, as "NVFP4 quantization and QAD of Nemotron 3.5 Lightning" (the Lightning NVFP4
+# write-up) states them. Recoveries in %, benchmark scores in points. For HLE the write-up gives only QAD's
+# lead over PTQ, not the scores.
+LIGHTNING = {
+    "size_gb": {"bf16": 66, "nvfp4": 22},
+    # The aggressive W4A16 setting (Mamba linear layers W4A16 instead of FP8, lm_head W4A16, attention BF16),
+    # PTQ and QAD checkpoints of the same size.
+    "intermediate": {"bf16_gb": 65.85, "quantized_gb": 21.19, "A_qad_steps": 200,
+                     "median_recovery": {"A": {"ptq": 96.33, "qad": 99.72}, "B": {"ptq": 95.84, "qad": 98.53}},
+                     "A_benchmarks_improved": (10, 11), "A_aime_2025_below_bf16": {"ptq": 3.70, "qad": 0.57},
+                     "B_aa_v4_1_index": {"ptq": 20.03, "qad": 23.48}},
+    # The released checkpoint: a conservative recipe (MAMBA_MOE_NVFP4_CONSERVATIVE_CFG).
+    "final": {"median_recovery": {"ptq": 99.24, "qad": 98.97},
+              "scores": {"Terminal-Bench v2.1": {"bf16": 24.44, "ptq": 22.05, "qad": 25.84},
+                         "SWE-Bench Multilingual": {"bf16": 37.13, "ptq": 37.00, "qad": 38.07}},
+              "qad_minus_ptq": {"Terminal-Bench v2.1": 3.79, "SWE-Bench Multilingual": 1.07, "HLE": 0.65}},
+    # The write-up's PTQ study: 1,000 calibration samples, lengths 8K to 128K, 32K best with four-over-six.
+    "calibration_study": {"samples": 1000, "shortest": 8192, "longest": 131072, "best_four_over_six": 32768},
+    # Its Megatron-LM launcher (megatron_lm_qad.yaml): PTQ with 32 samples of 32,768 tokens, then QAD.
+    "launcher": {"calib_size": 32, "seq_len": 32768, "global_batch": 16, "train_samples": 6400,
+                 "iterations": 400, "lr": 5e-6, "clip_grad": 1.0},
+}
+# The QAD figures of "Nemotron 3.5 Super and Lightning: Open, Efficient Mixture-of-Experts Hybrid
+# Mamba-Transformer Models for Agentic AI" for Super's released 4.82-bit recipe.
+SUPER_QAD = {"best_steps": 200, "worse_steps": 300, "gb200_gpu_hours_per_100_steps": 1024, "recipes_compared": 3,
+             "median_recovery": 99.62, "benchmarks": 36, "reply_length_increase": 0.44, "length_increase_cap": 5}
+
+
+def lightning_checkpoints(ax=None):
+    """The Lightning write-up's PTQ and QAD checkpoints in two panels: left, the median score recovery of
+    intermediate checkpoints A and B and of the released one; right, the released checkpoint's QAD lead over
+    PTQ in points on the three benchmarks the write-up names, with BF16's lead over PTQ where it gives the
+    scores. The median says PTQ is ahead; the benchmarks say where QAD pays. With `ax`, a pair of axes."""
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+        plt.close(fig)
+    left, right = ax
+    medians = dict(LIGHTNING["intermediate"]["median_recovery"], final=LIGHTNING["final"]["median_recovery"])
+    names = {"A": "checkpoint A\n(aggressive)", "B": "checkpoint B\n(aggressive)", "final": "released\n(conservative)"}
+    for i, stage in enumerate(("ptq", "qad")):
+        xs = [k + (i - 0.5) * 0.38 for k in range(len(medians))]
+        values = [m[stage] for m in medians.values()]
+        left.bar(xs, values, 0.38, color=PALETTE[i], label=stage.upper())
+        for x, v in zip(xs, values):
+            left.annotate(f"{v:.2f}", (x, v), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=8)
+    left.set_xticks(range(len(medians)), [names[k] for k in medians], fontsize=8)
+    left.set_ylim(94, 100.6)
+    finish_axes(left, "median score recovery vs BF16", "", "%")
+    lead = LIGHTNING["final"]["qad_minus_ptq"]
+    scores = LIGHTNING["final"]["scores"]
+    benchmarks = list(lead)
+    right.bar(range(len(benchmarks)), [lead[b] for b in benchmarks], 0.5, color=PALETTE[1], label="QAD − PTQ")
+    known = [k for k, b in enumerate(benchmarks) if b in scores]
+    right.scatter(known, [scores[benchmarks[k]]["bf16"] - scores[benchmarks[k]]["ptq"] for k in known], marker="_",
+                  s=600, lw=3, color="black", zorder=3, label="BF16 − PTQ")
+    right.axhline(0, color="grey", lw=0.8)
+    right.set_xticks(range(len(benchmarks)), benchmarks, fontsize=8)
+    finish_axes(right, "released checkpoint: where QAD pays", "", "points over PTQ")
+    return left.figure
 
 
 def e2m1_grid(ax=None):

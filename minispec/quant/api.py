@@ -17,12 +17,16 @@ weights to the frozen choice). `scales` defaults to the algorithm's pair; anothe
 Rules apply to the matmul weights: nn.Linear modules (attention, MLP, shared-expert and Mamba in/out
 projections, the output head) and stacked routed experts (`model.layers.{i}.mixer.experts`, 3-D up_proj and
 down_proj, quantized per expert). Embeddings and norms are not matmuls with a weight to pack; they stay
-BF16, as in every Nemotron recipe Model Optimizer ships. A module no rule matches stays BF16; a rule with
+BF16, as in Model Optimizer's published Nemotron recipes. A module no rule matches stays BF16; a rule with
 format "bf16" states an exception explicitly. Unknown formats, unknown keys, and patterns that match no
 quantizable module are errors: a typo in a recipe must not silently leave a model unquantized.
 
-Calibration: weights are calibrated from themselves (max / MSE / four-over-six); activations of w4a4
-and fp8 layers from the running max |x| over `forward_loop(model)`, which is required then.
+Calibration: minispec's weight calibrations (max / MSE / four-over-six) read only the weight tensor, so an
+all-w4a16 recipe gives the same model whatever `forward_loop` shows it (Model Optimizer also has weight
+calibrations that read activations, e.g. its local-Hessian search; minispec does not implement them).
+Activations of w4a4 and fp8 layers are calibrated from the running max |x| over `forward_loop(model)`, which
+is required then: that is where a W4A16 checkpoint with FP8 layers, like the Lightning NVFP4 write-up's,
+depends on its calibration data.
 """
 from __future__ import annotations
 
@@ -58,8 +62,8 @@ AGGRESSIVE = {"name": "aggressive", "algorithm": "max", "scales": "dynamic", "ru
 # so the embedding then stays exact too).
 AGGRESSIVE_HEAD_BF16 = {"name": "aggressive-head-bf16", "algorithm": "max", "scales": "dynamic",
                         "rules": [["lm_head", "bf16"], ["*", "w4a16"]],
-                        "note": "the aggressive recipe with the (tied) output head left in BF16, as every Nemotron "
-                                "recipe keeps it above NVFP4"}
+                        "note": "the aggressive recipe with the (tied) output head left in BF16, as the "
+                                "Super/Lightning paper keeps Super's above NVFP4"}
 # The same calibrated as Lightning's QAD recipe is: four-over-six weights, scales frozen from PTQ on.
 AGGRESSIVE_HEAD_BF16_4O6 = {"name": "aggressive-head-bf16-4o6", "algorithm": "four_over_six", "scales": "static",
                             "rules": [["lm_head", "bf16"], ["*", "w4a16"]],

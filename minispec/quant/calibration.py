@@ -1,9 +1,11 @@
 """How much calibration data does PTQ need? The calibration-length study of "NVFP4 quantization and QAD of
 Nemotron 3.5 Lightning", in small: `python -m minispec.quant.calibration --target bolt-mini`.
 
-Only a recipe that quantizes activations depends on calibration data. Weights are calibrated from
-themselves (max, MSE and four-over-six read the weight tensor, never a batch), so a W4A16 recipe gives the
-same model whatever it is shown. W4A4 and FP8 layers instead keep a per-tensor input amax, the running max
+In minispec only a recipe that quantizes activations depends on calibration data: its weight calibrations
+(max, MSE, four-over-six) read the weight tensor, never a batch, so an all-W4A16 recipe gives the same model
+whatever it is shown. The write-up's W4A16 study does not say which quantizer the data acts through; in Model
+Optimizer's Lightning recipe the FP8 Mamba inputs and the KV cache read it.
+W4A4 and FP8 layers instead keep a per-tensor input amax, the running max
 |x| over the calibration forward passes (`quant.quantize`'s forward_loop), which sets the activations'
 global scale (NVFP4: g = amax / (6 · 448); FP8: amax / 448). Too little data underestimates amax, and the
 activations that exceed it at inference saturate; more data can only raise it.

@@ -2,8 +2,8 @@
 
 bolt-mini mirrors Nemotron 3.5 Bolt E4B's attention layout at toy scale: a Gemma-4 text model
 whose layers run five sliding-window layers, then one full-attention layer, repeated. Its
-full-attention layers (5 and 11) are the ones a DFlash drafter taps, as E4B's drafter taps the
-global layers of its target.
+full-attention layers are 5 and 11; its DFlash drafter taps layers 5, 8 and 10 (this project's choice: 11 is the
+last layer and cannot be tapped), while E4B's drafter taps five of its target's seven full-attention layers.
 """
 from __future__ import annotations
 

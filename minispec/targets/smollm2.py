@@ -15,9 +15,6 @@ representable in 16 bits, and the converted model must give the GGUF model's log
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from minispec.targets.data import cache_dir, installed_file
@@ -78,24 +75,4 @@ def converted_folder() -> Path:
         tokenizer.save_pretrained(tmp)
 
     training.save_atomically(folder, write)
-    return folder
-    gguf_model, tokenizer = load_gguf(path)
-    config = gguf_model.config.to_dict()
-    config.pop("quantization_config", None)
-    model = LlamaForCausalLM(LlamaConfig(**config))
-    model.load_state_dict(gguf_model.state_dict())
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
-        tmp.chmod(0o755)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        for file in tmp.iterdir():
-            file.chmod(0o644)  # readable like any other cache entry, whatever the writer's umask
-        os.replace(tmp, folder)
-    except OSError:
-        if not (folder / "config.json").exists():  # not another process that finished first
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return folder

@@ -19,7 +19,7 @@ No table of configurations is kept by hand; they are recorded from the wrappers 
 3. `uncovered` names every @triton.jit function in minispec.kernels that no recorded launch reaches,
    so a new kernel without an input in `CALLS` fails tests/test_kernel_compile.py.
 
-`python -m minispec.kernels.aot --markdown docs/kernels.md` writes the table of docs/kernels.md.
+`python tools/aot.py --markdown docs/kernels.md` writes the table of docs/kernels.md.
 
 What this cannot check: timing, and correctness on a device (the interpreter tests check the
 arithmetic, `pytest -m gpu` on a GPU checks the compiled code).
@@ -221,35 +221,43 @@ def _w4a4_calls():
     yield Call(launch_w4a4, (torch.ones(64, 2560, dtype=torch.bfloat16), w, g_x, True), {})
 
 
+def _mamba_inputs(cases):
+    """For each (Mamba2Config, *sizes) of `cases` and each floating dtype: its H, P, N, G, a zeros() of that
+    dtype and the sizes."""
+    for shape, *sizes in cases:
+        for dtype in FLOATS:
+            yield (shape.num_heads, shape.head_dim, shape.state_size, shape.n_groups,
+                   functools.partial(torch.zeros, dtype=dtype), *sizes)
+
+
+def _tiny_mamba():
+    from minispec.ssm.config import Mamba2Config
+
+    return Mamba2Config(hidden_size=2, num_heads=2, head_dim=2, state_size=2, n_groups=1)
+
+
 def _replay_calls():
     from minispec import costs
     from minispec.kernels.replay import replay_flush, replay_verify
 
-    tiny = costs.Mamba2Shape(num_heads=2, head_dim=2, d_state=2, n_groups=1, num_layers=1)
-    # Super's Mamba-2 heads, a ring of 16 records since the checkpoint, a verify window of 8.
-    for shape, L, T in ((tiny, 2, 1), (costs.SUPER_MAMBA2, 16, 8)):
-        H, P, N, G = shape.num_heads, shape.head_dim, shape.d_state, shape.n_groups
-        for dtype in FLOATS:
-            zeros = functools.partial(torch.zeros, dtype=dtype)
-            state, x, B, C = zeros(1, H, P, N), zeros(1, L, H, P), zeros(1, L, G, N), zeros(1, T, G, N)
-            dt, A, D = zeros(1, L, H) + 1, zeros(H) - 1, zeros(H) + 1
-            yield Call(replay_verify, (state, x, dt, B, C, A, D, L - T), {})
-            yield Call(replay_flush, (state, x, dt, B, A), {})
+    # A test-sized ring, and Super's Mamba-2 heads with a ring of 16 records since the checkpoint and a
+    # verify window of 8.
+    for H, P, N, G, zeros, L, T in _mamba_inputs(((_tiny_mamba(), 2, 1), (costs.SUPER_MAMBA2, 16, 8))):
+        state, x, B, C = zeros(1, H, P, N), zeros(1, L, H, P), zeros(1, L, G, N), zeros(1, T, G, N)
+        dt, A, D = zeros(1, L, H) + 1, zeros(H) - 1, zeros(H) + 1
+        yield Call(replay_verify, (state, x, dt, B, C, A, D, L - T), {})
+        yield Call(replay_flush, (state, x, dt, B, A), {})
 
 
 def _ssd_calls():
     from minispec import costs
     from minispec.kernels.ssd import ssd_chunked
 
-    tiny = costs.Mamba2Shape(num_heads=2, head_dim=2, d_state=2, n_groups=1, num_layers=1)
     # A test-sized scan, and lightning-mini's Mamba-2 layers (chunk 64) over two chunks. Super's sizes
     # (chunk 128, P = 64, N = 128) compile too, but take minutes per arch on a CPU: see kernels/ssd.py.
-    for shape, T, Q in ((tiny, 3, 2), (costs.LIGHTNING_MINI_MAMBA2, 70, 64)):
-        H, P, N, G = shape.num_heads, shape.head_dim, shape.d_state, shape.n_groups
-        for dtype in FLOATS:
-            zeros = functools.partial(torch.zeros, dtype=dtype)
-            x, B, dt = zeros(1, T, H, P), zeros(1, T, G, N), zeros(1, T, H) + 1
-            yield Call(ssd_chunked, (x, dt, zeros(H) - 1, B, B, zeros(H), zeros(1, H, P, N)), {"chunk_size": Q})
+    for H, P, N, G, zeros, T, Q in _mamba_inputs(((_tiny_mamba(), 3, 2), (costs.LIGHTNING_MINI_MAMBA2, 70, 64))):
+        x, B, dt = zeros(1, T, H, P), zeros(1, T, G, N), zeros(1, T, H) + 1
+        yield Call(ssd_chunked, (x, dt, zeros(H) - 1, B, B, zeros(H), zeros(1, H, P, N)), {"chunk_size": Q})
 
 
 def _attention_calls():
@@ -405,7 +413,7 @@ Every Triton kernel in `kernels/` is compiled ahead of time, on a CPU-only machi
 sm_90 (H100, H200) and sm_100 (B200), at every configuration its Python wrapper launches; W4A4's FP4
 tensor-core path (`gemm._w4a4_block_scaled_kernel`, `tl.dot_scaled` on E2M1 with E4M3 scales per 16), which
 the wrapper takes on sm_100 only, is compiled for sm_100 only ("-" in the other columns).
-`tests/test_kernel_compile.py` runs `python -m minispec.kernels.aot`, which runs the public wrappers
+`tests/test_kernel_compile.py` runs `python tools/aot.py`, which runs the public wrappers
 over a grid of inputs (every floating dtype; each size-dependent block at its smallest and at its cap
 or at the published model sizes), records each kernel launch instead of running it, and compiles every
 distinct launch with `triton.compile` and a `GPUTarget`. The test fails on a compile error, on a block
@@ -422,7 +430,7 @@ Configuration: the element types of the pointer arguments in order, then the con
 the wrapper passed. `regs`: registers per thread; `spill B`: local memory per thread, the largest over
 the three archs (0: nothing spilled).
 
-This page is written by `python -m minispec.kernels.aot --markdown docs/kernels.md` ({launches}
+This page is written by `python tools/aot.py --markdown docs/kernels.md` ({launches}
 configurations x {archs} archs, triton {triton}); `tests/test_kernel_compile.py` checks it is current when
 it runs the same triton. Inputs of the grid that a wrapper refuses, and so never launches:
 {refused}
@@ -462,7 +470,7 @@ def _cell(row, key) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minispec.kernels.aot", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python tools/aot.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, help="write every compile's row here")
     p.add_argument("--markdown", type=Path, help="write the table of docs/kernels.md here")
     p.add_argument("--workers", type=int, help="compile processes (default: one per CPU core)")

@@ -18,7 +18,8 @@ from minispec.bench.decoding import CycleCosts, isolated_costs
 from minispec.dflash.config import DFlashConfig
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.dflash.model import DFlashDraftModel
-from minispec.drafters import NGramDrafter, Sampling
+from minispec.drafters import NGramDrafter
+from minispec.speculative.drafter import Sampling
 from minispec.targets import mtbench, smollm2
 
 ACCEPTANCE_COLUMNS = ["target", "drafter", "policy", "T", "prompts", "max_new_tokens", "tau", "argmax_ceiling_tau",

@@ -15,9 +15,9 @@ import minispec as ms
 from minispec.dflash.config import FULL, SLIDING, DFlashConfig
 from minispec.dflash.drafter import POLICIES, DFlashDrafter
 from minispec.dflash.model import DFlashDraftModel
-from minispec.drafters import Proposal, Sampling
 from minispec.speculative import sampling as smp
 from minispec.speculative.batch import as_prompt_batch
+from minispec.speculative.drafter import Proposal, Sampling
 from minispec.speculative.target import HFTarget
 from tiny import assert_same_as_ar, tiny_gemma
 

@@ -31,8 +31,8 @@ from minispec.dflash.config import (
 from minispec.dflash.drafter import DFlashDrafter
 from minispec.dflash.export import hf_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
-from minispec.drafters import Proposal, Sampling
 from minispec.speculative.batch import as_prompt_batch
+from minispec.speculative.drafter import Proposal, Sampling
 from minispec.speculative.target import HFTarget
 from minispec.targets.load import CHECKPOINTS
 from tiny import assert_same_as_ar, tiny_gemma

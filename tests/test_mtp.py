@@ -4,9 +4,9 @@ import torch
 from transformers import NemotronHConfig
 
 import minispec as ms
-from minispec.drafters.base import Sampling
 from minispec.mtp import Backbone, MTPConfig, MTPDrafter, MTPHead
 from minispec.mtp.boost import boost_loss, run_depths
+from minispec.speculative.drafter import Sampling
 from minispec.ssm.hybrid import HybridLM
 from tiny import assert_same_as_ar, tiny_gemma
 

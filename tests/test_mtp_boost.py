@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-from minispec.drafters.base import Sampling
 from minispec.mtp import Backbone, MTPConfig, MTPDrafter, MTPHead, stages
 from minispec.mtp.boost import (
     FrozenBackbone,
@@ -13,6 +12,7 @@ from minispec.mtp.boost import (
     stand_in_gap,
 )
 from minispec.speculative.batch import as_prompt_batch
+from minispec.speculative.drafter import Sampling
 from minispec.speculative.output import TargetOutput
 from tiny import tiny_gemma
 

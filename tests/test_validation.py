@@ -142,7 +142,7 @@ def test_a_name_is_not_a_model(tiny):
     with pytest.raises(TypeError, match=r"the target must be a causal LM .* got str: load it first, model, "
                                         r"tokenizer = ms.load_target\('bolt-mini'\)"):
         ms.autoregressive_generate("bolt-mini", PROMPT, 4)
-    with pytest.raises(TypeError, match=r"the drafter must implement minispec.drafters.base.Drafter .* got str: "
+    with pytest.raises(TypeError, match=r"the drafter must implement minispec.speculative.drafter.Drafter .* got str: "
                                         r"load it first, ms.load_drafter\('ngram', target\)"):
         ms.speculative_generate(tiny, "ngram", PROMPT, 4)
     with pytest.raises(TypeError, match="the target must be a causal LM"):

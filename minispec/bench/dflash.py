@@ -42,10 +42,10 @@ from minispec.bench.decoding import (
     representative_context,
 )
 from minispec.bench.timing import timed
-from minispec.drafters.base import Sampling
 from minispec.speculative import sampling as smp
 from minispec.speculative.autoregressive import special_ids
 from minispec.speculative.batch import as_prompt_batch
+from minispec.speculative.drafter import Sampling
 from minispec.speculative.stats import SpecStats
 from minispec.speculative.target import target_adapter
 

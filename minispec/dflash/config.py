@@ -22,8 +22,10 @@ attention type, window and causality, and the taps, exactly as vLLM does.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from transformers import PretrainedConfig
 
@@ -347,6 +349,12 @@ def config_from_hf_dflash(cfg: dict, has_lm_head: bool, target_config=None,
         num_target_layers=num_target_layers, target_hidden_size=hf.target_hidden_size,
         has_own_lm_head=has_lm_head, final_logit_softcapping=softcap, draft_vocab_size=draft_vocab_size,
     )
+
+
+def is_dflash_folder(folder) -> bool:
+    """A DFlash drafter folder, minispec's own (`save_pretrained`) or exported HF-native (vLLM / z-lab)."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return "DFlashDraftModel" in config.get("architectures", []) or "dflash_config" in config
 
 
 def mask_token_id_of(tokenizer) -> int:

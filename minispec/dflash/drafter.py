@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 
 from minispec.dflash.model import DFlashCache, DFlashDraftModel
-from minispec.drafters.base import Proposal, Sampling
 from minispec.speculative import sampling as smp
 from minispec.speculative.batch import PromptBatch
+from minispec.speculative.drafter import Proposal, Sampling
 from minispec.speculative.output import TargetOutput
 
 POLICIES = ("argmax", "sample")

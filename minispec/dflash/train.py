@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from minispec import distributed, training
 from minispec.dflash import mask as dmask
-from minispec.dflash.config import bolt_mini_dflash_config, smollm2_dflash_config
+from minispec.dflash.config import bolt_mini_dflash_config, is_dflash_folder, smollm2_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
 from minispec.speculative.autoregressive import special_ids
 from minispec.targets import corpus, data
@@ -286,7 +286,6 @@ def training_replies(target, tokenizer, s: Settings, split: str = "train") -> Re
 def init_drafter(path: Path) -> tuple[Path, DFlashDraftModel]:
     """--init-from: the resolved folder of a saved DFlash drafter and its model, or an error naming the path."""
     from minispec.dflash.export import load_drafter_model
-    from minispec.drafters import is_dflash_folder
 
     folder = Path(path).expanduser().resolve()
     if not (folder / "config.json").is_file():

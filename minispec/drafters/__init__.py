@@ -1,12 +1,10 @@
-"""Drafters: anything that implements the protocol in `minispec.drafters.base`."""
+"""Drafters: anything that implements the protocol in `minispec.speculative.drafter`."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from minispec.drafters.base import Drafter, Proposal, Sampling, check_num_draft_tokens
+from minispec.dflash.config import is_dflash_folder
 from minispec.drafters.draft_lm import DraftLMDrafter
 from minispec.drafters.ngram import NGramDrafter
+from minispec.speculative.drafter import Drafter, Proposal, Sampling, check_num_draft_tokens
 
 # Shipped draft models: name -> the command that builds its folder under minispec/checkpoints/.
 DRAFT_MODELS = {"bolt-nano": "python -m minispec.targets.train bolt-nano --out minispec/checkpoints/bolt-nano",
@@ -17,12 +15,6 @@ DRAFT_MODELS = {"bolt-nano": "python -m minispec.targets.train bolt-nano --out m
                                     "~/.cache/minispec/train/bolt-mini-dflash-2",
                 "smollm2-135m-dflash": "python -m minispec.dflash.train --target smollm2-135m --out "
                                        "minispec/checkpoints/smollm2-135m-dflash"}
-
-
-def is_dflash_folder(folder) -> bool:
-    """A DFlash drafter folder, minispec's own (`save_pretrained`) or exported HF-native (vLLM / z-lab)."""
-    config = json.loads((Path(folder) / "config.json").read_text())
-    return "DFlashDraftModel" in config.get("architectures", []) or "dflash_config" in config
 
 
 def load_drafter(name_or_path, target, num_draft_tokens: int | None = None, policy: str | None = None):

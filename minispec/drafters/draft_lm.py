@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from minispec.drafters.base import Proposal, Sampling, check_num_draft_tokens
 from minispec.speculative import sampling as smp
 from minispec.speculative.batch import PromptBatch
+from minispec.speculative.drafter import Proposal, Sampling, check_num_draft_tokens
 from minispec.speculative.output import TargetOutput
 from minispec.speculative.target import target_adapter
 

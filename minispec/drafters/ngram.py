@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from minispec.drafters.base import Proposal, Sampling, check_num_draft_tokens
 from minispec.speculative.batch import PromptBatch
+from minispec.speculative.drafter import Proposal, Sampling, check_num_draft_tokens
 from minispec.speculative.output import TargetOutput
 
 

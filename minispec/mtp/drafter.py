@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from minispec.drafters.base import Proposal, Sampling
 from minispec.mtp.backbone import Backbone, check_head_fits
 from minispec.mtp.head import MTPCache, MTPHead
 from minispec.speculative import sampling as smp
 from minispec.speculative.batch import PromptBatch
+from minispec.speculative.drafter import Proposal, Sampling
 from minispec.speculative.output import TargetOutput
 
 

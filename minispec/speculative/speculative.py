@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minispec.drafters.base import Drafter, Sampling, check_drafter, check_num_draft_tokens
 from minispec.speculative import sampling as smp
 from minispec.speculative.autoregressive import Generation, check_generation_args
+from minispec.speculative.drafter import Drafter, Sampling, check_drafter, check_num_draft_tokens
 from minispec.speculative.stats import ACCEPTED, BONUS, CORRECTION, REJECTED, CycleRecord, SpecStats, Token
 from minispec.speculative.target import target_adapter
 from minispec.speculative.verify import verify

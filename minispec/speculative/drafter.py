@@ -63,7 +63,8 @@ def check_drafter(drafter, vocab_size: int) -> None:
                if not hasattr(drafter, name)]
     if missing:
         hint = f": load it first, ms.load_drafter({drafter!r}, target)" if isinstance(drafter, str) else ""
-        raise TypeError(f"the drafter must implement minispec.drafters.base.Drafter (missing {', '.join(missing)}), "
+        raise TypeError(f"the drafter must implement minispec.speculative.drafter.Drafter (missing "
+                        f"{', '.join(missing)}), "
                         f"got {type(drafter).__name__}{hint}")
     if drafter.vocab_size != vocab_size:
         raise ValueError(f"drafter vocab size {drafter.vocab_size} != target vocab size {vocab_size}: "

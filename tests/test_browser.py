@@ -91,9 +91,9 @@ def lab(playwright_api, tmp_path_factory):
             try:
                 urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
                 break
-            except OSError:
+            except OSError as e:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"JupyterLab did not start:\n{log_path.read_text()[-3000:]}")
+                    raise RuntimeError(f"JupyterLab did not start:\n{log_path.read_text()[-3000:]}") from e
                 time.sleep(1)
         yield url, token, root
     finally:

@@ -18,6 +18,7 @@ decoding loop's own work (sampling, verification, bookkeeping) and the prefills.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -70,8 +71,11 @@ def decode_step_cost(target, context: torch.Tensor, repeats: int = 5) -> float:
     return timed(lambda: plain.extend(last[:, None]), repeats)[0]
 
 
+GREEDY = Sampling()
+
+
 @torch.no_grad()
-def isolated_costs(target, drafter, context: torch.Tensor, sampling: Sampling = Sampling(), repeats: int = 5,
+def isolated_costs(target, drafter, context: torch.Tensor, sampling: Sampling = GREEDY, repeats: int = 5,
                    seed: int = 0, c_t: float | None = None) -> CycleCosts:
     """C_t, C_d and C_v of `drafter` (any drafter of the loop's protocol) on `target` after `context` [L],
     batch 1, each the best of `repeats` calls of `timed` on its own prefilled state. C_t depends on the target
@@ -119,7 +123,7 @@ def bench_ar(args) -> list[dict]:
     rows = []
     for batch in args.batch:
         chosen = prompts[:batch]
-        seconds, out = timed(lambda: ms.autoregressive_generate(model, chosen, args.max_new_tokens), args.repeats)
+        seconds, out = timed(partial(ms.autoregressive_generate, model, chosen, args.max_new_tokens), args.repeats)
         n = int(out.lengths.sum())
         rows.append({"model": args.target, "batch": batch, "new_tokens": n, "seconds": round(seconds, 4),
                      "tokens_per_s": round(n / seconds, 1),
@@ -148,7 +152,7 @@ def bench_spec(args) -> list[dict]:
     for name in args.drafters:
         drafter = ms.load_drafter(name, model)
 
-        def spec(p):
+        def spec(p, drafter=drafter):
             return ms.speculative_generate(model, drafter, p, args.max_new_tokens, temperature=args.temperature,
                                            generator=torch.Generator().manual_seed(0))
 

@@ -124,8 +124,8 @@ def acceptance_rows(target, drafter_name: str, drafters: dict, prompts, max_new_
         ceiling = None
         for policy, drafter in runs.items():
             stats, continuations = acceptance(target, drafter, prompts, max_new_tokens, temperature, batch_size,
-                                              progress=lambda m: progress(f"acceptance T = {temperature}, "
-                                                                          f"{policy}: {m}"))
+                                              progress=lambda m, label=f"acceptance T = {temperature}, {policy}: ":
+                                              progress(label + m))
             if ceiling is None:
                 progress(f"argmax ceiling T = {temperature}")
                 ceiling = argmax_ceiling(target, prompts[::every], continuations[::every], temperature,

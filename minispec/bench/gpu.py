@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -92,8 +93,7 @@ def _sampling_cases() -> list[Case]:
 
     cases = []
     for label, kwargs in (("T=1", {}), ("T=1 top-k 50 top-p 0.9", {"top_k": 50, "top_p": 0.9})):
-        methods = {name: (lambda fn, kw: lambda logits: fn(logits, 1.0, **kw))(fn, kwargs)
-                   for name, fn in _dispatched(sampling_probs).items()}
+        methods = {name: partial(fn, temperature=1.0, **kwargs) for name, fn in _dispatched(sampling_probs).items()}
         for B in BATCHES:
             cases.append(Case(f"sampling {label}", f"B={B} V={V} fp32", B * V * 4 + B * V * 4,
                               lambda device, B=B: (torch.randn(B, V, device=device) * 3,), methods))
@@ -376,7 +376,7 @@ def time_methods(case: Case, methods: dict, results: Results, repeats: int, peak
     args = case.make("cuda")
     for method, fn in methods.items():
         try:
-            seconds = timed(lambda: fn(*args), repeats, warmup=2, inner=5, cuda=True)[0]
+            seconds = timed(partial(fn, *args), repeats, warmup=2, inner=5, cuda=True)[0]
         except Exception as e:  # a method that cannot run here gets a row that says why
             results.add(kernel_row(case, method, None, peak, None, f"{type(e).__name__}: {e}"[:200]))
             continue
@@ -416,8 +416,8 @@ def run_end_to_end(results: Results, max_new_tokens: int = 64, prompts: int = 8)
             for part in vars(drafter).values():
                 if isinstance(part, torch.nn.Module):
                     part.to("cuda")
-            s, outs = timed(lambda: [ms.speculative_generate(model, drafter, p, max_new_tokens)
-                                     for p in chosen], 2, cuda=True)
+            s, outs = timed(lambda drafter=drafter: [ms.speculative_generate(model, drafter, p, max_new_tokens)
+                                                     for p in chosen], 2, cuda=True)
         except Exception as e:
             results.add({"step": "end to end", "drafter": name, "note": f"{type(e).__name__}: {e}"[:300]})
             continue

@@ -12,6 +12,8 @@ Times are the best of `args.repeats` runs; `speedup` is against the reference's 
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from minispec.bench.timing import timed
@@ -62,7 +64,7 @@ def _shape_rows(tokens: int, vocab: int, methods: dict, generator, repeats: int,
                 torch.cuda.reset_peak_memory_stats()
                 base_bytes = torch.cuda.memory_allocated()
             try:
-                ms = 1e3 * timed(lambda: run(fn), repeats, warmup=2, cuda=cuda)[0]
+                ms = 1e3 * timed(partial(run, fn), repeats, warmup=2, cuda=cuda)[0]
             except torch.OutOfMemoryError:
                 rows.append({**row, "ms": None, "speedup": None, "peak_extra_GiB": None, "note": "out of memory"})
                 continue

@@ -13,6 +13,8 @@ training, on the same batch.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from minispec.bench.timing import timed
@@ -36,7 +38,7 @@ def speed_rows(model, head: MTPHead, prompts: list[torch.Tensor], max_new_tokens
         for k in ks:
             drafter = MTPDrafter(head, model, num_draft_tokens=k)
 
-            def spec():
+            def spec(drafter=drafter, temperature=temperature):
                 generator = torch.Generator().manual_seed(seed)
                 return [ms.speculative_generate(model, drafter, p, max_new_tokens, temperature=temperature,
                                                 generator=generator) for p in prompts]
@@ -72,7 +74,7 @@ def training_step_rows(model, head: MTPHead, input_ids: torch.Tensor, depths: in
         opt.step()
         opt.zero_grad()
 
-    seconds = {context: timed(lambda: step(context), repeats)[0] for context in CONTEXTS}
+    seconds = {context: timed(partial(step, context), repeats)[0] for context in CONTEXTS}
     head.load_state_dict(start)
     head.eval()
     B, S = input_ids.shape

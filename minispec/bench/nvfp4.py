@@ -14,6 +14,8 @@ small shapes, so the function stays testable anywhere. Times are the best of `ar
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from minispec.bench.timing import timed
@@ -54,28 +56,28 @@ def bench_nvfp4(args) -> list[dict]:
 
     for K, N in shapes:
         weight = (torch.randn(N, K, device=device, generator=generator) * 0.02).to(torch.bfloat16)
-        base = add("quantize", "torch reference", "-", K, N, lambda: quantize.reference(weight))
+        base = add("quantize", "torch reference", "-", K, N, partial(quantize.reference, weight))
         if cuda:
-            add("quantize", "torch.compile(reference)", "-", K, N, lambda: compiled_quantize(weight), base)
-            add("quantize", "triton", "-", K, N, lambda: quantize.kernel(weight), base)
+            add("quantize", "torch.compile(reference)", "-", K, N, partial(compiled_quantize, weight), base)
+            add("quantize", "triton", "-", K, N, partial(quantize.kernel, weight), base)
             base_46 = add("quantize 4/6", "torch reference", "-", K, N,
-                          lambda: quantize.reference(weight, four_over_six=True))
-            add("quantize 4/6", "triton", "-", K, N, lambda: quantize.kernel(weight, four_over_six=True), base_46)
+                          partial(quantize.reference, weight, four_over_six=True))
+            add("quantize 4/6", "triton", "-", K, N, partial(quantize.kernel, weight, four_over_six=True), base_46)
 
         w = quantize.reference(weight)
         for M in rows_of_x:
             x = torch.randn(M, K, device=device, generator=generator).to(torch.bfloat16)
             fields = (w.codes, w.block_scales, w.global_scale)
-            base = add("w4a16", "torch dequantize+matmul", M, K, N, lambda: _dequantize_then_matmul(x, *fields))
-            add("w4a16", "bf16 matmul, unquantized", M, K, N, lambda: x @ weight.T, base)
-            add("w4a16", "torch reference (fp32)", M, K, N, lambda: w4a16_matmul.reference(x, w), base)
+            base = add("w4a16", "torch dequantize+matmul", M, K, N, partial(_dequantize_then_matmul, x, *fields))
+            add("w4a16", "bf16 matmul, unquantized", M, K, N, partial(torch.matmul, x, weight.T), base)
+            add("w4a16", "torch reference (fp32)", M, K, N, partial(w4a16_matmul.reference, x, w), base)
             if cuda:
-                add("w4a16", "torch.compile(dequantize+matmul)", M, K, N, lambda: compiled_matmul(x, *fields), base)
-                add("w4a16", "triton", M, K, N, lambda: w4a16_matmul.kernel(x, w), base)
+                add("w4a16", "torch.compile(dequantize+matmul)", M, K, N, partial(compiled_matmul, x, *fields), base)
+                add("w4a16", "triton", M, K, N, partial(w4a16_matmul.kernel, x, w), base)
             g_x = global_scale_from_amax(x.abs().amax().float())
-            base = add("w4a4", "torch emulation (fp32)", M, K, N, lambda: w4a4_matmul.reference(x, w, g_x))
+            base = add("w4a4", "torch emulation (fp32)", M, K, N, partial(w4a4_matmul.reference, x, w, g_x))
             if cuda:
-                add("w4a4", "triton", M, K, N, lambda: w4a4_matmul.kernel(x, w, g_x), base)
+                add("w4a4", "triton", M, K, N, partial(w4a4_matmul.kernel, x, w, g_x), base)
     return rows
 
 

@@ -50,8 +50,8 @@ def speed_rows(prompts: int, max_new_tokens: int, drafters: list[str], K: int = 
                      "tokens_per_s": round(n_ar / ar_s, 1), "speedup": 1.0, "equal_to_ar": True})
         for name in drafters:
             drafter = ms.load_drafter(name, model, num_draft_tokens=K)
-            s, outs = timed(lambda: [ms.speculative_generate(model, drafter, p[None], max_new_tokens) for p in chosen],
-                            repeats)
+            s, outs = timed(lambda drafter=drafter: [ms.speculative_generate(model, drafter, p[None], max_new_tokens)
+                                                     for p in chosen], repeats)
             n = sum(int(o.lengths.sum()) for o in outs)
             stats = SpecStats([c for o in outs for c in o.stats.cycles])
             equal = all(torch.equal(o.tokens, a.tokens) for o, a in zip(outs, ar))

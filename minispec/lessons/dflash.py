@@ -71,7 +71,7 @@ def param_budget(counts: Mapping[str, DFlashParamCount]):
     parts = [("fc + norms", lambda c: c.fc + c.hidden_norm + c.norm), ("decoder layers", lambda c: c.layers),
              ("output head", lambda c: c.lm_head + c.embed_tokens)]
     colors = ["#fdae6b", "#6baed6", "#756bb1"]
-    for row, (name, c) in enumerate(counts.items()):
+    for row, c in enumerate(counts.values()):
         left = 0.0
         for (label, part), color in zip(parts, colors):
             share = part(c) / c.total

@@ -214,7 +214,7 @@ def tier_map(model: nn.Module, ax=None):
         fig, ax = plt.subplots(figsize=(7.2, 0.42 * len(rows) + 1.2), layout="constrained")
         plt.close(fig)
     widest = max(sum(n for _, n, _ in parts) for parts in rows.values())
-    for y, (row, parts) in enumerate(reversed(list(rows.items()))):
+    for y, parts in enumerate(reversed(list(rows.values()))):
         left = 0
         for label, n, fmt in sorted(parts, key=lambda t: -t[1]):
             ax.barh(y, n, left=left, color=TIER_COLORS[fmt], edgecolor="white", height=0.7)

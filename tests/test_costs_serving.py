@@ -12,7 +12,9 @@ def test_accelerators_as_their_datasheets_give_them():
 
 
 def test_e4b_kv_cache_per_request():
-    # 4 full-attention layers (2 KV heads of 512) grow with the context; 20 sliding (2 of 256) keep 512 tokens.
+    # E4B has 7 full-attention and 35 sliding layers, but its last 18 reuse earlier layers' K and V (Gemma 4 E4B's
+    # num_kv_shared_layers: 18), so 24 keep a cache: 4 full (2 KV heads of 512) grow with the context, 20 sliding
+    # (2 of 256) keep 512 tokens.
     e4b = costs.E4B_TARGET
     assert e4b.kv_bytes(2048) == 4 * 2048 * 2 * 2 * 512 * 2 + 20 * 512 * 2 * 2 * 256 * 2 == 52 * MiB
     assert e4b.kv_bytes(100) == 100 * (4 * 4096 + 20 * 2048)
@@ -67,10 +69,11 @@ def test_break_even_edge_cases():
 def test_mamba_memory_per_request_with_and_without_replay():
     shape = costs.SUPER_MAMBA2
     state = costs.mamba_state_bytes(shape) + 3 * (128 * 64 + 2 * 8 * 128) * 2  # SSM state + conv window
-    assert costs.mamba_request_bytes(shape) == 40 * state
-    assert costs.mamba_request_bytes(shape, 4) == 40 * 4 * state
+    assert costs.SUPER_MAMBA_LAYERS == 40
+    assert costs.mamba_request_bytes(shape, 40) == 40 * state
+    assert costs.mamba_request_bytes(shape, 40, 4) == 40 * 4 * state
     record = (128 * 64 + 8 * 128) * 2 + 128 * 4 + (128 * 64 + 2 * 8 * 128) * 2
-    assert costs.mamba_request_bytes(shape, 4, "replay") == 40 * (state + 16 * record)
+    assert costs.mamba_request_bytes(shape, 40, 4, "replay") == 40 * (state + 16 * record)
     native = costs.memory_per_request(costs.super_target(), 2048, spec_window=4)
     replay = costs.memory_per_request(costs.super_target("replay"), 2048, spec_window=4)
     assert 3 < native / replay < 4
@@ -120,3 +123,53 @@ def test_notebook_tables_are_computed_by_costs():
         "fit_H200"]
     curves = lesson.speedup_curves((1, 64))
     assert curves["E4B + DFlash, H200"][0] == pytest.approx(e4b["speedup_b1"], abs=0.005)
+
+
+def test_the_numbers_notebook_06_quotes():
+    """Notebook 06's prose quotes these; they are recomputed here so the words cannot drift from the model."""
+    from minispec.lessons import serving_costs as lesson
+
+    h200, b200 = lesson.e4b_margin(hw=costs.H200), lesson.e4b_margin(hw=costs.B200)
+    assert (h200["speedup"], h200["cycle_in_decode_steps"], h200["break_even_tau"]) == (1.85, 2.17, 2.17)
+    assert (h200["stops_paying_at"], b200["stops_paying_at"]) == (195, 543)
+    assert lesson.THROUGHPUT_BATCH == 64 and h200["speedup"] > 1  # the model does not explain the 64-sequence recipe
+
+    curves = lesson.speedup_curves()  # batches 1 .. 1024
+    replay = curves["Super + MTP (replay), H200"]
+    native = curves["Super + MTP (per-position), H200"]
+    assert round(replay[0], 2) == 0.86 and replay[0] < 1  # slower than plain decoding at batch 1
+    assert round(replay[8], 1) == 2.9 and replay[:9] == sorted(replay[:9])  # rises up to batch 256
+    assert max(range(11), key=native.__getitem__) == 5  # per-position peaks at batch 32
+    e4b = curves["E4B + DFlash, H200"]
+    assert e4b == sorted(e4b, reverse=True) and round(e4b[0], 2) == 3.72
+
+    reads = {r["batch"]: r for r in lesson.expert_reads()}
+    assert (reads[1]["decode_step_reads_%"], reads[1]["verify_reads_%"]) == (10.0, 34.4)
+    assert reads[64]["decode_step_reads_%"] > 99.5
+
+    gains = {r["batch"]: r for r in lesson.replay_gain_rows()}
+    assert round(gains[64]["replay_gain_%"]) == 36 and round(gains[64]["state_share_of_verify_bytes_%"]) == 43
+    assert 5.5 < gains[8]["replay_gain_%"] < 6.5 and 10.5 < gains[16]["replay_gain_%"] < 11.5
+    low, high = lesson.PAPER_REPLAY_GAIN_PERCENT["total throughput"]
+    assert gains[8]["replay_gain_%"] > low and gains[4]["replay_gain_%"] < low < high < gains[16]["replay_gain_%"]
+    assert round(1 + gains[256]["replay_gain_%"] / 100, 2) == 1.91
+    assert abs(1 + gains[256]["replay_gain_%"] / 100 - lesson.VLLM_REPLAY_OVER_NATIVE_AT_256) < 0.05
+    assert lesson.replay_gain_rows(hw=costs.H200) == lesson.replay_gain_rows(hw=costs.B200)  # both memory-bound
+    native_state = costs.super_target().state_traffic(4)
+    assert 0.75 * 2**30 < native_state < 0.8 * 2**30  # "about 0.8 GiB per sequence and verify"
+
+    memory = {r["deployment"]: r for r in lesson.memory_rows()}
+    replay_fit = memory["Super + MTP, checkpoint + replay"]["fit_H200"]
+    assert round(replay_fit / memory["Super + MTP, per-position states"]["fit_H200"], 1) == 3.5
+
+
+def test_the_speedup_figure_has_a_panel_per_kind_of_target():
+    from minispec.lessons import serving_costs as lesson
+
+    fig = lesson.plot_speedup({1: (1.0, 1.2), 4: (2.0, 4.0)})
+    dense, moe = fig.axes
+    assert "dense" in dense.get_title() and "mixture of experts" in moe.get_title()
+    assert all(line.get_label().startswith(("E4B", "bolt-mini")) for line in dense.get_lines()
+               if not line.get_label().startswith("_"))
+    assert {line.get_label() for line in moe.get_lines() if not line.get_label().startswith("_")} == {
+        f"Super + MTP ({s}), {hw}" for s in ("per-position", "replay") for hw in ("H200", "B200")}

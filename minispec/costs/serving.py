@@ -11,8 +11,10 @@ moves two kinds of bytes and does one kind of work:
 and takes max(bytes / bandwidth, FLOPs / peak), the roofline. At batch 1 the weights dominate and a
 verify forward over K + 1 tokens costs about as much as a decode step over 1: speculation buys ~tau.
 As the batch grows the forward becomes compute-bound, a verify forward costs up to K + 1 decode steps,
-and the speedup tau · C_t / (C_d + C_v) falls below 1: the Bolt E4B write-up's serving advice follows
-(`max-num-seqs 1` with speculative decoding for latency; a 64-sequence throughput setup without it).
+and the speedup tau · C_t / (C_d + C_v) falls below 1. For Bolt E4B this roofline still gives 1.85x at batch 64
+on an H200 (break-even at batch 195), so it does not by itself explain the write-up's 64-sequence throughput
+setup without speculation (`max-num-seqs 1` with it for latency); costs it leaves out and a lower tau under
+throughput traffic may.
 Attention FLOPs over the context and activations are left out: both grow the per-sequence part, which
 only brings the break-even batch earlier.
 """
@@ -136,8 +138,10 @@ class ServedModel:
 # hidden 2560, vocab 262,144). From Gemma 4's public configs (Megatron-Bridge's Gemma 4 E4B recipe;
 # google/gemma.cpp PR #919): ~3.8 B parameters without the per-layer embeddings, 2 KV heads of 256 on
 # sliding layers (window 512) and of 512 on the full-attention layers (every sixth), and the last 18 layers
-# reuse earlier layers' KV, so 24 layers keep a cache: 4 full (layers 5, 11, 17, 23 — the ones the drafter
-# taps) and 20 sliding. BF16 weights and KV; stored weights counted at 7.5 B parameters (with the per-layer
+# reuse the K and V of the last earlier layer of their kind (num_kv_shared_layers 18), so of its 7 full-attention
+# and 35 sliding layers only 24 keep a cache: 4 full (5, 11, 17, 23) and 20 sliding. The drafter taps the outputs
+# of full layers 5, 11, 17, 23 and 35 (35 computes its output with layer 23's K and V).
+# BF16 weights and KV; stored weights counted at 7.5 B parameters (with the per-layer
 # embeddings, as fairseq2's Gemma 4 table lists E4B).
 E4B_TARGET = ServedModel(
     name="Bolt E4B target (Gemma 4 E4B)",

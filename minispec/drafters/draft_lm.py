@@ -37,11 +37,11 @@ class DraftLMDrafter:
     @torch.no_grad()
     def propose(self, last: torch.Tensor, k: int, sampling: Sampling, generator=None) -> Proposal:
         tokens, qs = [], []
-        greedy = self.argmax_drafts or sampling.temperature == 0
+        greedy = self.argmax_drafts or sampling.greedy
         x = last[:, None]
         for _ in range(k):
             logits = self.lm.forward(x).logits[:, -1]
-            q = smp.sampling_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            q = sampling.probs(logits)
             d = smp.greedy(logits) if greedy else smp.sample(q, generator)
             tokens.append(d)
             qs.append(q)

@@ -1,5 +1,8 @@
-"""Notebook 06 (serving costs): the live CPU measurement, the speedup-by-batch figure, the sliders, and the
-closing table of which technique pays in which deployment. Every number comes from `minispec.costs`."""
+"""Notebook 06 (serving costs): how the batch changes what speculative decoding buys. The live CPU measurement,
+the speedup-by-batch figure (a dense target and a mixture of experts, side by side), the margin Bolt E4B + DFlash
+keeps at the write-up's 64-sequence setup, checkpoint + replay's modelled gain beside the Super/Lightning
+paper's measurement, memory per request, the sliders, and the closing table. Every modelled number comes from
+`minispec.costs`; the published figures it is set against are the constants below."""
 from __future__ import annotations
 
 import torch
@@ -8,6 +11,7 @@ from minispec import costs
 from minispec.bench.timing import timed
 from minispec.speculative.batch import as_prompt_batch
 from minispec.speculative.target import target_adapter
+from minispec.viz.plots import PALETTE
 
 # Bolt E4B with its DFlash drafter: the Bolt E4B write-up's MT-Bench acceptance length 4.01 (greedy) over
 # blocks of 8 (7 drafts), one drafter pass per cycle over the whole block.
@@ -18,6 +22,14 @@ E4B_DFLASH_DRAFTING = costs.Drafting(tau=4.01, num_drafts=7, drafter=costs.e4b_d
 # for the sliders to move, not a published figure.
 SUPER_MTP_DRAFTING = costs.Drafting(tau=3.0, num_drafts=3, passes=3, draft_ratio=0.05)
 CONTEXT = 2048  # tokens of context per request in the tables
+THROUGHPUT_BATCH = 64  # the Bolt E4B write-up's throughput recipe: 64 sequences, no speculative decoding
+
+# Measured, not modelled. The Super/Lightning paper: turning checkpoint + replay on (Super with its MTP head, one
+# GB200, its agent workload with a floor of 50 tokens/s per user) raised total throughput by 4.7-6.4 % and the
+# speed per user by 6.4-12.5 %. vLLM PR #47576 (ReplaySSM): Nemotron 3 Super, MTP drafts, T = 4, on a B300,
+# replay over per-position states 1.88x the speculative throughput at batch 256.
+PAPER_REPLAY_GAIN_PERCENT = {"total throughput": (4.7, 6.4), "speed per user": (6.4, 12.5)}
+VLLM_REPLAY_OVER_NATIVE_AT_256 = 1.88
 
 
 def measure_step_seconds(model, batches=(1, 4, 16), context_len: int = 32, num_drafts: int = 7,
@@ -38,7 +50,7 @@ def measure_step_seconds(model, batches=(1, 4, 16), context_len: int = 32, num_d
         for n in (1, num_drafts + 1):
             tokens = torch.randint(3, vocab, (batch, n), generator=g)
 
-            def step(tokens=tokens, n=n):
+            def step(target=target, tokens=tokens, n=n, batch=batch):
                 target.forward(tokens)
                 target.rollback(torch.zeros(batch, dtype=torch.long), n)
 
@@ -61,22 +73,78 @@ def speedup_curves(batches=tuple(2**i for i in range(11)), context_len: int = CO
 
 
 def plot_speedup(measured: dict[int, tuple[float, float]] | None = None, tau_measured: float = 3.0):
-    """Speedup by batch (log x): the model's curves, and the measured CPU points if given."""
+    """Speedup by batch (log x) in two panels, because the two kinds of target move in opposite directions:
+    (a) dense Bolt E4B + DFlash, falling from ~tau to below 1, with the measured CPU points if given;
+    (b) the mixture of experts Nemotron 3 Super + MTP, below 1 at batch 1 and rising until it turns compute-bound.
+    A dotted line marks the write-up's 64-sequence throughput setup."""
     import matplotlib.pyplot as plt
 
     batches = tuple(2**i for i in range(11))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for label, ys in speedup_curves(batches).items():
-        ax.plot(batches, ys, "--" if "B200" in label else "-", label=label)
+    curves = speedup_curves(batches)
+    fig, (dense, moe) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True, layout="constrained")
+    plt.close(fig)
+    for label, ys in curves.items():
+        ax = dense if label.startswith("E4B") else moe
+        color = PALETTE[0] if label.startswith("E4B") else PALETTE[2] if "replay" in label else PALETTE[1]
+        ax.plot(batches, ys, "--" if "B200" in label else "-", color=color, label=label)
     if measured:
         xs = sorted(measured)
-        ax.plot(xs, [costs.speedup(tau_measured, measured[b][0], 0.0, measured[b][1]) for b in xs], "ko-",
-                label=f"bolt-mini on this CPU (measured, tau = {tau_measured}, free drafts)")
-    ax.axhline(1, color="grey", lw=1)
-    ax.set(xscale="log", xlabel="batch (sequences decoded together)", ylabel="speedup over plain decoding",
-           title="Speculative decoding pays less as the batch grows")
-    ax.legend(fontsize=8)
+        dense.plot(xs, [costs.speedup(tau_measured, measured[b][0], 0.0, measured[b][1]) for b in xs], "ko-",
+                   label=f"bolt-mini on this CPU (measured, tau = {tau_measured}, free drafts)")
+    dense.set_title("(a) dense target: the gain falls with the batch")
+    moe.set_title("(b) mixture of experts: the gain rises with the batch\n"
+                  "until compute or Mamba state traffic takes over")
+    for ax in (dense, moe):
+        ax.axhline(1, color="grey", lw=1)
+        ax.axvline(THROUGHPUT_BATCH, color="grey", lw=1, ls=":")
+        ax.set(xscale="log", xlabel="batch (sequences decoded together)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    dense.set_ylabel("speedup over plain decoding (model)")
     return fig
+
+
+def e4b_margin(batch: int = THROUGHPUT_BATCH, hw: costs.Accelerator = costs.H200,
+               context_len: int = CONTEXT) -> dict:
+    """What the roofline gives Bolt E4B + DFlash at one batch: the three costs, the speedup, the tau at which
+    speculation would only break even, and the batch at which it stops paying."""
+    d = E4B_DFLASH_DRAFTING
+    c_t = costs.forward_seconds(costs.E4B_TARGET, hw, batch, 1, context_len)
+    c_v = costs.forward_seconds(costs.E4B_TARGET, hw, batch, d.num_drafts + 1, context_len)
+    c_d = costs.forward_seconds(d.drafter, hw, batch, d.tokens_per_pass, context_len)
+    return {"gpu": hw.name, "batch": batch, "C_t_ms": round(c_t * 1e3, 2), "C_d_ms": round(c_d * 1e3, 2),
+            "C_v_ms": round(c_v * 1e3, 2), "cycle_in_decode_steps": round((c_d + c_v) / c_t, 2),
+            "speedup": round(costs.speedup(d.tau, c_t, c_d, c_v), 2),
+            "break_even_tau": round(costs.break_even_tau(c_t, c_d, c_v), 2),
+            "stops_paying_at": costs.break_even_batch(costs.E4B_TARGET, hw, d, context_len)}
+
+
+def expert_reads(batches=(1, 4, 16, 64, 256)) -> list[dict]:
+    """Share of Nemotron 3 Super's weights one forward reads, a decode step against a verify forward over T = 4
+    tokens per sequence (the model's independent routing: an upper bound for a small forward)."""
+    sup, window = costs.super_target(), SUPER_MTP_DRAFTING.num_drafts + 1
+    return [{"batch": b, "decode_step_reads_%": round(100 * sup.weight_bytes_read(b) / sup.weight_bytes, 1),
+             "verify_reads_%": round(100 * sup.weight_bytes_read(b * window) / sup.weight_bytes, 1)}
+            for b in batches]
+
+
+def replay_gain_rows(batches=(1, 4, 8, 16, 32, 64, 128, 256), hw: costs.Accelerator = costs.B200,
+                     context_len: int = CONTEXT) -> list[dict]:
+    """Checkpoint + replay against per-position states for Super + MTP, by batch, as the roofline prices them:
+    the two speedups, replay's gain in throughput (the same batch, so the same gain per user), and the share of
+    a per-position verify forward's bytes that is Mamba state (what replay cuts)."""
+    native, replay = costs.super_target(), costs.super_target("replay")
+    window = SUPER_MTP_DRAFTING.num_drafts + 1
+    rows = []
+    for b in batches:
+        s_native = costs.speedup_at_batch(native, hw, b, SUPER_MTP_DRAFTING, context_len)
+        s_replay = costs.speedup_at_batch(replay, hw, b, SUPER_MTP_DRAFTING, context_len)
+        state = b * native.state_traffic(window)
+        rows.append({"batch": b, "per_position": round(s_native, 2), "replay": round(s_replay, 2),
+                     "replay_gain_%": round(100 * (s_replay / s_native - 1), 1),
+                     "state_share_of_verify_bytes_%":
+                         round(100 * state / (state + native.weight_bytes_read(b * window)), 1)})
+    return rows
 
 
 def memory_rows(context_len: int = CONTEXT) -> list[dict]:

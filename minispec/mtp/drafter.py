@@ -82,7 +82,7 @@ class MTPDrafter:
     @torch.no_grad()
     def propose(self, last: torch.Tensor, k: int, sampling: Sampling, generator=None) -> Proposal:
         check_k(k)
-        greedy = self.argmax_drafts or sampling.temperature == 0
+        greedy = self.argmax_drafts or sampling.greedy
         self._last = last
         B = last.shape[0]
         valid = torch.ones(B, 1, dtype=torch.bool, device=last.device)
@@ -91,7 +91,7 @@ class MTPDrafter:
         for depth in range(k):
             out = self._depth(hidden, token, valid, (self.cache.length + depth)[:, None])
             logits = self.backbone.logits(out)[:, -1]
-            q = smp.sampling_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            q = sampling.probs(logits)
             d = smp.greedy(logits) if greedy else smp.sample(q, generator)
             drafts.append(d)
             qs.append(q)

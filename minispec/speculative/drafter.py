@@ -18,14 +18,9 @@ import torch
 
 from minispec.speculative.batch import PromptBatch
 from minispec.speculative.output import TargetOutput
+from minispec.speculative.sampling import Sampling
 
-
-@dataclass(frozen=True)
-class Sampling:
-    """Temperature / top-k / top-p, applied identically to target and draft distributions."""
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
+__all__ = ["Drafter", "Proposal", "Sampling", "check_drafter", "check_num_draft_tokens"]
 
 
 @dataclass

@@ -26,6 +26,7 @@ sorting; `MINISPEC_BACKEND` picks between them (minispec/backend.py).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import torch
@@ -143,3 +144,27 @@ def next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None
     if temperature == 0:
         return greedy(logits)
     return sample(sampling_probs(logits, temperature, top_k, top_p), generator)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Temperature / top-k / top-p: the one form the settings travel in, applied identically to the target's
+    and the drafts' distributions."""
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        check_sampling_args(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """`sampling_probs` under these settings: [..., V] logits -> [..., V] probabilities."""
+        return sampling_probs(logits, self.temperature, self.top_k, self.top_p)
+
+    def next_token(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """`next_token` under these settings: [B, V] logits -> [B] token ids."""
+        return next_token(logits, self.temperature, self.top_k, self.top_p, generator)

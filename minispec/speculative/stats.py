@@ -83,3 +83,45 @@ class SpecStats:
         for c in self.verifications:
             h[c.accepted + 1] += 1
         return h
+
+
+class Recorder:
+    """What the speculative loop reports, kept apart from the algorithm: every `CycleRecord` into `stats`, and
+    each one handed to `on_cycle` (a notebook's live view hooks in here) as it happens."""
+
+    def __init__(self, on_cycle=None):
+        if on_cycle is not None and not callable(on_cycle):
+            raise TypeError(f"on_cycle must be a function of one CycleRecord, or None, got {type(on_cycle).__name__}")
+        self.on_cycle = on_cycle
+        self.stats = SpecStats()
+        self.cycles = 0
+
+    def _report(self, records: list[CycleRecord]) -> None:
+        self.stats.cycles.extend(records)
+        if self.on_cycle is not None:
+            for r in records:
+                self.on_cycle(r)
+
+    def prefill(self, first: torch.Tensor, p: torch.Tensor) -> None:
+        """Cycle 0: the token [B] each sequence sampled from the prefill's distributions p [B, V]."""
+        self._report([CycleRecord(0, b, 0, 0, [Token(int(t), CORRECTION, float(p[b, t]))], [int(t)])
+                      for b, t in enumerate(first)])
+
+    def cycle(self, drafts: torch.Tensor, lengths: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, res,
+              emitted: dict[int, list[int]]) -> None:
+        """One verification: drafts [B, K] (row b proposed lengths[b]), the target's p [B, K+1, V] and the
+        drafts' q [B, K, V] (None: argmax drafts), `verify`'s result, and what each still-active sequence b
+        emitted (`emitted[b]`). Each token is recorded with its fate and its p and q."""
+        self.cycles += 1
+        records = []
+        for b, out in emitted.items():
+            a, K_b = int(res.accepted[b]), int(lengths[b])
+            tokens = []
+            for k in range(K_b):
+                d = int(drafts[b, k])
+                tokens.append(Token(d, ACCEPTED if k < a else REJECTED, float(p[b, k, d]),
+                                    1.0 if q is None else float(q[b, k, d])))
+            last = int(res.tokens[b, a])
+            tokens.append(Token(last, BONUS if a == K_b else CORRECTION, float(p[b, a, last])))
+            records.append(CycleRecord(self.cycles, b, K_b, a, tokens, out))
+        self._report(records)

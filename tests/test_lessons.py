@@ -236,3 +236,42 @@ def test_notebooks_are_stored_without_outputs_and_with_jupyterlabs_metadata(path
     assert nb["metadata"]["language_info"]["pygments_lexer"] == "ipython3"
     ids = [c.get("id") for c in nb["cells"]]  # nbformat 4.5: every cell has its own id
     assert None not in ids and len(set(ids)) == len(ids)
+
+
+# --- notebook 02's figures (minispec/lessons/dflash.py) ---------------------------------------------------
+
+def test_e4b_taps_are_five_of_its_seven_full_attention_layers_as_the_write_up_says():
+    from matplotlib.colors import to_hex
+
+    from minispec.lessons import dflash
+
+    full = [i for i, kind in enumerate(dflash.E4B_LAYER_TYPES) if kind == "full_attention"]
+    assert len(dflash.E4B_LAYER_TYPES) == 42 and full == [5, 11, 17, 23, 29, 35, 41]
+    assert dflash.E4B_LAYER_TYPES.count("sliding_attention") == 35
+    assert set(dflash.E4B_TAPS) == set(full) - {29, 41}
+    fig = dflash.tap_map({"E4B": (dflash.E4B_LAYER_TYPES, dflash.E4B_TAPS)})
+    ax = fig.axes[0]
+    outlined = [p for p in ax.patches if p.get_linewidth() > 0]
+    assert [round(p.get_x()) for p in outlined] == list(dflash.E4B_TAPS)
+    assert {to_hex(p.get_facecolor()) for p in outlined} == {dflash.FULL_COLOR}  # 35 drawn as full attention
+    numbers = {t.get_text(): to_hex(t.get_color()) for t in ax.texts}
+    assert numbers == {str(i): dflash.TAP_COLOR if i in dflash.E4B_TAPS else dflash.FULL_COLOR for i in full}
+
+
+def test_speed_figure_draws_the_cost_model_and_both_speedups():
+    from minispec.lessons import dflash
+
+    row = {"tau": 3.0, "speedup": 1.4, "C_t_ms": 10.0, "C_d_ms": 4.0, "C_v_ms": 12.0, "predicted_speedup": 1.875}
+    fig = dflash.speed_figure({"toy": row}, max_tau=6.0)
+    lines = fig.axes[0].lines
+    curve = next(line for line in lines if len(line.get_xdata()) == 50)
+    assert curve.get_ydata() == pytest.approx([t / 1.6 for t in curve.get_xdata()])  # tau* = (4 + 12) / 10
+    marks = {line.get_marker(): (line.get_xdata()[0], line.get_ydata()[0]) for line in lines
+             if len(line.get_xdata()) == 1}
+    assert marks["o"] == pytest.approx((1.6, 1.0))
+    assert marks["*"] == pytest.approx((3.0, costs.speedup(3.0, 10.0, 4.0, 12.0)))
+    assert marks["D"] == pytest.approx((3.0, 1.4))
+    with pytest.raises(ValueError, match="lacks"):
+        dflash.speed_figure({"toy": {"tau": 3.0}})
+    with pytest.raises(ValueError, match="at least one"):
+        dflash.speed_figure({})

@@ -41,8 +41,8 @@ import torch
 from tqdm import tqdm
 
 from minispec import cli, distributed
-from minispec.targets import data
-from minispec.targets.manifest import write_manifest
+from minispec.files import cache_dir
+from minispec.manifest import write_manifest
 
 
 @dataclass
@@ -110,7 +110,7 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
 def default_out(name: str) -> Path:
     """Where a trainer saves model `name` unless `--out` names a folder: the user cache (`$MINISPEC_CACHE`,
     else ~/.cache/minispec) under models/, never the installed package."""
-    return data.cache_dir() / "models" / name
+    return cache_dir() / "models" / name
 
 
 def lr_at(step: int, s: Settings) -> float:

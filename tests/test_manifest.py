@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 import minispec as ms
+from minispec import manifest
+from minispec.manifest import MANIFEST, CorruptCheckpointError, check_manifest, read_manifest, write_manifest
 from minispec.mtp.head import MTPHead
-from minispec.targets import manifest
 from minispec.targets.load import CHECKPOINTS
-from minispec.targets.manifest import MANIFEST, CorruptCheckpointError, check_manifest, read_manifest, write_manifest
 
 SHIPPED = sorted({p.parent for p in CHECKPOINTS.rglob("*") if p.is_file()})
 
@@ -35,7 +35,7 @@ def test_the_shipped_folders_are_the_ones_expected():
 @pytest.mark.parametrize("folder", SHIPPED, ids=lambda f: str(f.relative_to(CHECKPOINTS)))
 def test_every_shipped_folder_lists_each_of_its_files_and_matches(folder):
     # A retrained checkpoint whose manifest was not rewritten fails here:
-    # python -m minispec.targets.manifest minispec/checkpoints/<name>
+    # python -m minispec.manifest minispec/checkpoints/<name>
     files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST)
     assert sorted(read_manifest(folder)) == files
     check_manifest(folder)
@@ -70,7 +70,7 @@ def test_load_target_refuses_a_flipped_byte_naming_the_file_and_the_rebuild(tmp_
     message = str(error.value)
     assert str(folder / "model.safetensors") in message and "does not match SHA256SUMS" in message
     assert "python -m minispec.targets.train bolt-mini" in message and "reinstall minispec" in message
-    assert f"python -m minispec.targets.manifest {folder}" in message
+    assert f"python -m minispec.manifest {folder}" in message
 
 
 def test_load_drafter_refuses_a_flipped_byte_in_a_dflash_drafter(tmp_path):

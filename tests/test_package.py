@@ -152,3 +152,56 @@ def test_the_layout_map_names_only_what_exists_and_every_package_folder():
     folders = {f"minispec/{p.name}/" for p in (ROOT / "minispec").iterdir()
                if p.is_dir() and not p.is_symlink() and p.name != "__pycache__"}
     assert not folders - set(paths), f"folders of minispec/ the map does not name: {sorted(folders - set(paths))}"
+
+
+def floors() -> dict[str, int]:
+    """CONTRIBUTING.md's floor table: room name -> floor."""
+    text = (ROOT / "CONTRIBUTING.md").read_text().split("<!-- floors -->", 1)[1]
+    rooms = {}
+    for line in text.splitlines()[3:]:
+        if not line.startswith("|"):
+            break
+        floor, names = (cell.strip() for cell in line.strip("|").split("|"))
+        for name in names.split(","):
+            rooms[name.split()[0].strip("`")] = int(floor)
+    return rooms
+
+
+UPWARD_BY_DESIGN = {("speculative/target.py", "ssm")}  # HF's NemotronH becomes HybridLM for the loops
+
+
+def room_imports():
+    """(file under minispec/, its room, imported room) for every `minispec.*` import, lazy ones included."""
+    import ast
+
+    pkg = ROOT / "minispec"
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg)
+        if rel.parts[0] in ("kernels", "checkpoints"):
+            continue
+        room = rel.parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) and node.module and not node.level else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                parts = name.split(".")
+                is_room = len(parts) > 1 and ((pkg / parts[1]).is_dir() or (pkg / f"{parts[1]}.py").exists())
+                if parts[0] == "minispec" and is_room and parts[1] != room:
+                    yield rel.as_posix(), room, parts[1]
+
+
+def test_every_import_runs_down_the_floors_contributing_names():
+    table = floors()
+    assert table["backend"] == 0 and table["lessons"] > table["bench"] > table["quant"]
+    seen, up = set(), []
+    for file, room, imported in room_imports():
+        seen |= {room, imported}
+        if table[imported] > table[room] and (file, imported) not in UPWARD_BY_DESIGN:
+            up.append(f"{file} ({room}, floor {table[room]}) imports {imported} (floor {table[imported]})")
+    assert not up, "imports that run up the floors:\n" + "\n".join(up)
+    not_code = ("kernels", "checkpoints", "datasets", "__pycache__")
+    rooms = {p.name.removesuffix(".py") for p in (ROOT / "minispec").iterdir()
+             if p.name not in not_code and (p.suffix == ".py" or p.is_dir())}
+    assert rooms == set(table), f"rooms the floor table misses or names wrongly: {sorted(rooms ^ set(table))}"
+    assert len(seen) > 15

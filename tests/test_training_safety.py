@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from minispec import training
+from minispec.files import cache_dir
+from minispec.manifest import write_manifest
 from minispec.targets import data
 from minispec.targets.load import CHECKPOINTS
-from minispec.targets.manifest import write_manifest
 from tiny import save_with_tokenizer, tiny_gemma
 
 
@@ -55,7 +56,7 @@ def streams(corpus_read_once):
     tok = AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer")
     for split in ("train", "val"):
         data.token_stream(split, tok)
-    return list(data.cache_dir().glob("*.npy"))
+    return list(cache_dir().glob("*.npy"))
 
 
 @pytest.fixture

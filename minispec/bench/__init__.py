@@ -21,9 +21,10 @@ from minispec.bench.kl import bench_kl
 from minispec.bench.mtp import bench_mtp
 from minispec.bench.nvfp4 import bench_nvfp4
 from minispec.bench.replay import bench_replay
-from minispec.bench.timing import machine, print_table
+from minispec.bench.timing import print_table
 from minispec.cli import positive_int, temperature
 from minispec.dflash.drafter import POLICIES
+from minispec.results import machine
 
 BENCHES = {"ar": bench_ar, "spec": bench_spec, "kl": bench_kl, "dflash": bench_dflash, "replay": bench_replay,
            "mtp": bench_mtp, "nvfp4": bench_nvfp4, "gpu": bench_gpu}

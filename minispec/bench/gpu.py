@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 
 from minispec import costs
-from minispec.bench.timing import machine, timed
+from minispec.bench.timing import timed
+from minispec.results import machine
 from minispec.speculative.stats import SpecStats
 
 BUDGET_S = 420  # seconds for the whole check, leaving a minute of the 8 for start-up and slack

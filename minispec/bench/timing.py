@@ -1,4 +1,4 @@
-"""The one timing helper of the benchmarks, the machine description every JSON carries, and the table.
+"""The one timing helper of the benchmarks, and the table.
 
 Every number in docs/benchmarks.md is a best-of-`repeats` wall time from `timed`: the best run is the
 one least disturbed by the rest of the machine, and the warm-up runs pay for compilation, autotuning
@@ -7,9 +7,7 @@ has finished (`torch.cuda.synchronize`), since kernel launches return before the
 """
 from __future__ import annotations
 
-import platform
 import time
-from pathlib import Path
 
 import torch
 
@@ -36,21 +34,6 @@ def timed(fn, repeats: int, *, warmup: int = 1, inner: int = 1, cuda: bool = Fal
             torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - start) / inner)
     return best, out
-
-
-def machine() -> dict:
-    """What the numbers were measured on: CPU model, torch threads, versions, the GPU if any."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(),
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
 def print_table(rows: list[dict]) -> None:

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from minispec.dflash.config import ARCHITECTURE, SLIDING, DFlashConfig, config_from_hf_dflash
 from minispec.dflash.model import DFlashDraftModel
-from minispec.targets.manifest import check_manifest
+from minispec.manifest import check_manifest
 
 # Every config key vLLM's DFlash loader reads (vllm/model_executor/models/qwen3_dflash.py, and
 # eagle3_utils.get_eagle3_aux_layers_from_config for the taps), plus the two top-level keys z-lab's
@@ -137,7 +137,7 @@ def load_hf_dflash(folder, target=None) -> DFlashDraftModel:
 
 def load_drafter_model(folder, target=None) -> DFlashDraftModel:
     """A drafter from either format: minispec's `save_pretrained` folder or an HF-native export, checked
-    against the folder's SHA256SUMS when it has one (`minispec.targets.manifest`)."""
+    against the folder's SHA256SUMS when it has one (`minispec.manifest`)."""
     folder = Path(folder)
     check_manifest(folder)
     cfg = json.loads((folder / "config.json").read_text())

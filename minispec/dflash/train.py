@@ -50,6 +50,7 @@ from minispec import distributed, training
 from minispec.dflash import mask as dmask
 from minispec.dflash.config import bolt_mini_dflash_config, is_dflash_folder, smollm2_dflash_config
 from minispec.dflash.model import DFlashDraftModel, num_parameters
+from minispec.files import cache_dir
 from minispec.speculative.autoregressive import special_ids
 from minispec.targets import corpus, data
 from minispec.targets.load import load_target
@@ -139,7 +140,7 @@ def tap_features(target, drafter: DFlashDraftModel, replies: Replies, batch_size
     lengths = replies.loss_mask.cumsum(1).argmax(1) + 1  # rows are prompt, reply, padding: cut after the reply
     ids = hashlib.sha256(replies.input_ids.numpy().tobytes() + replies.loss_mask.numpy().tobytes()).hexdigest()
     key = f"{weights_digest(target)}-{ids[:16]}-{'_'.join(map(str, drafter.config.target_layer_ids))}"
-    path = data.cache_dir() / "features" / f"{key}.pt"
+    path = cache_dir() / "features" / f"{key}.pt"
     if cache and path.exists():
         return TapFeatures(replies, torch.load(path), lengths)
     n, S = replies.input_ids.shape
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     s = training.settings_from_args(p, a, SETTINGS[a.target])
     out = a.out or training.default_out(f"{a.target}-dflash")
-    work_dir = a.work_dir or data.cache_dir() / "train" / f"{a.target}-dflash"
+    work_dir = a.work_dir or cache_dir() / "train" / f"{a.target}-dflash"
     init_from, start = init_drafter(a.init_from) if a.init_from is not None else (None, None)
 
     target, tok = load_target(a.target)

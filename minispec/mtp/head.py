@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minispec.manifest import check_manifest
 from minispec.ssm.hybrid import MLP, Attention, MoE, RMSNorm
-from minispec.targets.manifest import check_manifest
 
 MIXERS = {"*": "attention", "-": "mlp", "E": "moe"}
 MOE_FIELDS = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
@@ -277,7 +277,7 @@ class MTPHead(nn.Module):
     @classmethod
     def from_pretrained(cls, folder, dtype: torch.dtype = torch.float32) -> MTPHead:
         """The head saved in `folder` (mtp_config.json + mtp.safetensors), checked against the folder's
-        SHA256SUMS when it has one (`minispec.targets.manifest`)."""
+        SHA256SUMS when it has one (`minispec.manifest`)."""
         from safetensors.torch import load_file
 
         folder = Path(folder)

@@ -49,6 +49,7 @@ import torch
 from tqdm import tqdm
 
 from minispec import cli, training
+from minispec.files import cache_dir
 from minispec.mtp.backbone import Backbone
 from minispec.mtp.head import MTPConfig, MTPHead
 from minispec.mtp.sft import joint_loss
@@ -64,7 +65,7 @@ SHIFT_PREFIX = "test/"  # the post-training slice: unit tests, a different regis
 
 
 def work_root() -> Path:
-    return data.cache_dir() / "mtp"
+    return cache_dir() / "mtp"
 
 
 def head_config(backbone_config) -> MTPConfig:

@@ -190,6 +190,7 @@ def recipe_from_cli(name: str) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     import minispec as ms
+    from minispec.files import cache_dir
     from minispec.targets import data
 
     p = argparse.ArgumentParser(prog="python -m minispec.quant.qad", description=__doc__.split("\n\n")[0])
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.scales:
         recipe = check_recipe(dict(recipe, scales=a.scales))
     name = f"{Path(a.target).name}-qad-{recipe['name']}"
-    work_dir = a.work_dir or data.cache_dir() / "train" / name
+    work_dir = a.work_dir or cache_dir() / "train" / name
     out = a.out or result_folder(a.target, recipe["name"])
     t0 = time.time()
     teacher, tok = ms.load_target(a.target)

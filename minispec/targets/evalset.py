@@ -18,8 +18,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minispec import training
-from minispec.targets import corpus, data
-from minispec.targets.manifest import check_manifest
+from minispec.files import cache_dir
+from minispec.manifest import check_manifest
+from minispec.targets import corpus
 from minispec.targets.tokenizer import load_shipped_tokenizer
 
 FOLDER = Path(__file__).resolve().parents[1] / "checkpoints" / "evalset"
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
                                             "~/.cache/minispec/models/<model>)")
     a = p.parse_args(argv)
     if a.command == "build":
-        out = a.out or data.cache_dir() / "evalset"
+        out = a.out or cache_dir() / "evalset"
         tok = load_shipped_tokenizer()
         es, meta = build(tok)
         save(es, meta, out)

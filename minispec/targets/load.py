@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from minispec.manifest import check_manifest
 from minispec.targets import smollm2
-from minispec.targets.manifest import check_manifest
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 TARGETS = {

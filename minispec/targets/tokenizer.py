@@ -50,7 +50,7 @@ def load_shipped_tokenizer():
     """The tokenizer every shipped toy model uses (`minispec/checkpoints/tokenizer`), its SHA256SUMS checked."""
     from transformers import AutoTokenizer
 
-    from minispec.targets.manifest import check_manifest
+    from minispec.manifest import check_manifest
 
     folder = Path(__file__).resolve().parents[1] / "checkpoints" / "tokenizer"
     check_manifest(folder, rebuild="python -m minispec.targets.tokenizer minispec/checkpoints/tokenizer")
@@ -61,8 +61,8 @@ if __name__ == "__main__":
     import sys
 
     from minispec import training
-    from minispec.targets import data
+    from minispec.files import cache_dir
 
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else data.cache_dir() / "tokenizer"
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else cache_dir() / "tokenizer"
     training.save_atomically(out, lambda tmp: save_tokenizer(train_tokenizer(), tmp))
     print(f"saved to {out}")

@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minispec import training
+from minispec.files import cache_dir
 from minispec.targets import corpus, data
 from minispec.targets.configs import CONFIGS
 from minispec.targets.tokenizer import load_shipped_tokenizer
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     settings = training.settings_from_args(p, a, SETTINGS[a.model])
     out = a.out or training.default_out(a.model)
-    work_dir = a.work_dir or data.cache_dir() / "train" / a.model
+    work_dir = a.work_dir or cache_dir() / "train" / a.model
     command = "python -m minispec.targets.train " + shlex.join(sys.argv[1:] if argv is None else argv)
     record = train(a.model, out, work_dir, settings, command)
     print(f"val loss {record['val_loss']:.4f}  accuracy {record['val_accuracy']:.4f}")

@@ -14,7 +14,7 @@ on a busy 2-core machine), once per process.
 
 After retraining a shipped checkpoint, rewrite its manifest:
 
-    python -m minispec.targets.manifest minispec/checkpoints/bolt-mini [FOLDER ...]
+    python -m minispec.manifest minispec/checkpoints/bolt-mini [FOLDER ...]
 """
 from __future__ import annotations
 
@@ -122,14 +122,14 @@ def check_manifest(folder: Path, rebuild: str | None = None) -> None:
 def _remedy(folder: Path, rebuild: str | None) -> str:
     command = rebuild or recorded_command(folder)
     how = f"rebuild it with `{command}`" if command else "rebuild it with the command that built it"
-    return (f"To repair {folder}: {how} and rewrite the manifest with `python -m minispec.targets.manifest "
+    return (f"To repair {folder}: {how} and rewrite the manifest with `python -m minispec.manifest "
             f"{folder}`, or, for a checkpoint shipped with minispec, reinstall minispec.")
 
 
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m minispec.targets.manifest",
+    p = argparse.ArgumentParser(prog="python -m minispec.manifest",
                                 description="(Re)write SHA256SUMS in each checkpoint folder, e.g. after retraining.")
     p.add_argument("folders", nargs="+", type=Path, metavar="FOLDER")
     folders = p.parse_args(argv).folders

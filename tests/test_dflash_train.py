@@ -149,8 +149,8 @@ def test_cached_taps_train_like_the_live_target_and_resume_exactly(target, tmp_p
     replies, s = reply_rows(), settings(steps=6, batch=3)
     drafter = new_drafter(target)
     stored = tap_features(target, drafter, replies, cache=False)
-    x, loss_mask, features = batch_at(stored, s, step=3)
-    assert features.shape[:2] == x.shape and x.shape[1] in stored.lengths.tolist()  # cut to its longest row
+    x, loss_mask, features, final = batch_at(stored, s, step=3)  # cut to its longest row
+    assert final is None and features.shape[:2] == x.shape and x.shape[1] in stored.lengths.tolist()
     with torch.no_grad():
         live = drafter.tap(target(input_ids=x, output_hidden_states=True).hidden_states).to(torch.bfloat16)
     cached_loss, _ = step_loss(drafter, target, x, loss_mask, s, 3, features)
@@ -169,13 +169,12 @@ def test_cached_taps_train_like_the_live_target_and_resume_exactly(target, tmp_p
 
 def test_frequent_tokens_and_the_draft_vocabulary(target):
     from minispec.dflash.train import frequent_tokens
-    from minispec.targets.replies import Replies
 
     ids = torch.tensor([[9, 5, 5, 5, 7, 7, 8, 1]])
     mask = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 0]])  # 9 (prompt) and 1 (padding) carry no loss
-    assert frequent_tokens(Replies(ids, mask), 2).tolist() == [5, 7]
-    assert frequent_tokens(Replies(ids, mask), 2, always=(1,)).tolist() == [1, 5]
-    assert frequent_tokens(Replies(ids, mask), 3).tolist() == [5, 7, 8]
+    assert frequent_tokens(ids[mask.bool()], 2).tolist() == [5, 7]
+    assert frequent_tokens(ids[mask.bool()], 2, always=(1,)).tolist() == [1, 5]
+    assert frequent_tokens(ids[mask.bool()], 3).tolist() == [5, 7, 8]
 
     vocab = torch.tensor([4, 104, 204, 304, 404, 504, 604, 704, 2])
     drafter = small_vocab_drafter(target, vocab)

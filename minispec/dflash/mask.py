@@ -169,3 +169,18 @@ def weighted_accuracy(logits: torch.Tensor, labels: torch.Tensor, weights: torch
     """Share of the weighted positions whose argmax is the label (the decay weights the positions)."""
     hit = (logits.argmax(dim=-1) == labels).to(weights.dtype)
     return float((hit * weights).sum() / weights.sum().clamp(min=1e-12))
+
+
+def acceptance_length(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                      valid: torch.Tensor) -> tuple[float, int]:
+    """(mean tau, number of blocks) of greedy verification, read off training blocks.
+
+    A block anchored in a greedy reply of the target is what a cycle of the loop sees at T = 0: the
+    target's next tokens are the labels, and it accepts drafts up to the first miss, then adds one token
+    of its own. So tau of a block = 1 + the run of leading hits at k = 1, 2, ..., where a position past
+    the reply's end (weight 0) ends the run. logits [Bs, N, T, V]; labels, weights [Bs, N, T]; valid [Bs, N].
+    """
+    hit = (logits.argmax(dim=-1) == labels) & (weights > 0)
+    run = hit[..., 1:].long().cumprod(dim=-1).sum(dim=-1)  # [Bs, N]
+    n = int(valid.sum())
+    return float((1 + run)[valid].float().sum()) / max(n, 1), n

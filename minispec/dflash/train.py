@@ -49,7 +49,9 @@ from tqdm import tqdm
 from minispec import distributed, training
 from minispec.dflash import mask as dmask
 from minispec.dflash.config import bolt_mini_dflash_config, is_dflash_folder, smollm2_dflash_config
+from minispec.dflash.data import DATASETS
 from minispec.dflash.model import DFlashDraftModel, num_parameters
+from minispec.dflash.taps import TapSet, taps_dir
 from minispec.files import cache_dir
 from minispec.speculative.autoregressive import special_ids
 from minispec.targets import corpus, data
@@ -76,9 +78,17 @@ class Settings(training.Settings):
     eval_replies: int = 32  # greedy replies to val-split prompts
     cache_features: bool = False  # run the target once over the replies and train from its stored taps
     draft_vocab: int = 0  # draft over this many most frequent reply tokens; 0: the target's whole vocabulary
+    # "replies": the target's replies to this project's instruction prompts, generated and cached here;
+    # "sharegpt": the committed replies to ShareGPT's prompts (`minispec.dflash.data`) with the taps and
+    # final hidden states `python -m minispec.dflash.taps` stored (distillation then needs no target forward)
+    data: str = "replies"
+    train_shards: int = 0  # "sharegpt": train on the first N train shards only; 0: all
+    init_from_target: bool = False  # the target's last layer and final norm, fc scaled per tap feature
 
     BOOKKEEPING = training.Settings.BOOKKEEPING | {"eval_replies"}
-    ZERO_ALLOWED = training.Settings.ZERO_ALLOWED | {"greedy_replies", "sampled_replies", "distill", "draft_vocab"}
+    ZERO_ALLOWED = training.Settings.ZERO_ALLOWED | {"greedy_replies", "sampled_replies", "distill", "draft_vocab",
+                                                     "train_shards"}
+    DATA = ("replies", "sharegpt")
 
     def __post_init__(self):
         super().__post_init__()
@@ -86,6 +96,8 @@ class Settings(training.Settings):
             raise ValueError("greedy_replies and sampled_replies are both 0: at least one training reply is needed")
         if self.distill > 1:
             raise ValueError(f"distill is the weight of the soft-label loss, in [0, 1]; got {self.distill}")
+        if self.data not in self.DATA:
+            raise ValueError(f"data must be one of {self.DATA}, got {self.data!r}")
 
 
 # Per-target defaults; any field can be overridden on the command line.
@@ -116,20 +128,24 @@ class TapFeatures:
         return len(self.replies)
 
 
-def batch_at(dataset: torch.Tensor | Replies | TapFeatures, s: Settings, step: int):
-    """Step `step`'s batch (x [Bs, S], loss_mask [Bs, S], features [Bs, S, F] or None): rows of `Replies`
-    (loss on reply tokens only; with their stored features, cut to the batch's longest row), or windows
-    of a token stream (loss everywhere). Seeded by (seed, step), so resuming is exact."""
+def batch_at(dataset: torch.Tensor | Replies | TapFeatures | TapSet, s: Settings, step: int):
+    """Step `step`'s batch (x [Bs, S], loss_mask [Bs, S], features [Bs, S, F] or None, final [Bs, S, H] or
+    None): rows of `Replies` (loss on reply tokens only; with their stored features, cut to the batch's longest
+    row), samples of a `TapSet` (with the target head's stored input, `final`), or windows of a token stream
+    (loss everywhere). Seeded by (seed, step), so resuming is exact."""
+    if isinstance(dataset, TapSet):
+        b = dataset.batch(s.batch, s.seed, step)
+        return b.input_ids, b.loss_mask, b.features, b.final
     if isinstance(dataset, TapFeatures):
         g = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
         rows = torch.randint(0, len(dataset), (s.batch,), generator=g)
         S = int(dataset.lengths[rows].max())
         return (dataset.replies.input_ids[rows, :S], dataset.replies.loss_mask[rows, :S],
-                dataset.features[rows, :S])
+                dataset.features[rows, :S], None)
     if isinstance(dataset, Replies):
-        return (*dataset.batch(s.batch, s.seed, step), None)
+        return (*dataset.batch(s.batch, s.seed, step), None, None)
     x = data.random_windows(dataset, s.batch, s.seq_len, s.seed, step)
-    return x, torch.ones_like(x), None
+    return x, torch.ones_like(x), None, None
 
 
 @torch.no_grad()
@@ -158,9 +174,10 @@ def tap_features(target, drafter: DFlashDraftModel, replies: Replies, batch_size
     return TapFeatures(replies, features, lengths)
 
 
-def frequent_tokens(replies: Replies, num: int, always: tuple[int, ...] = ()) -> torch.Tensor:
-    """The `num` most frequent reply tokens (ties to the lower id), always including `always` (e.g. EOS)."""
-    counts = torch.bincount(replies.input_ids[replies.loss_mask.bool()], minlength=int(replies.input_ids.max()) + 1)
+def frequent_tokens(reply_tokens: torch.Tensor, num: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """The `num` most frequent of the reply tokens [n] (ties to the lower id), always including `always` (e.g.
+    EOS)."""
+    counts = torch.bincount(reply_tokens, minlength=max([int(reply_tokens.max()), *always]) + 1)
     counts[list(always)] = counts.max() + 1
     return counts.argsort(descending=True, stable=True)[:num].sort().values
 
@@ -182,16 +199,21 @@ def soft_loss(logits: torch.Tensor, teacher: torch.Tensor, weights: torch.Tensor
 
 
 def teacher_logits(target_logits: torch.Tensor, blocks: dmask.Blocks) -> torch.Tensor:
-    """[Bs, S, V] target logits -> [Bs, N, T, V]: token a + k is predicted at position a + k - 1."""
+    """[Bs, S, V] target logits (or any per-position states) -> [Bs, N, T, V]: token a + k is predicted at
+    position a + k - 1."""
     S, V = target_logits.shape[1:]
     index = (blocks.positions - 1).clamp(0, S - 1).flatten(1)  # k = 0 has weight 0; clamped past the end
     return target_logits.gather(1, index[..., None].expand(-1, -1, V)).view(*blocks.positions.shape, V)
 
 
 def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, loss_mask: torch.Tensor, s: Settings, step: int,
-              features: torch.Tensor | None = None, rows: slice = slice(None), processes: int = 1):
+              features: torch.Tensor | None = None, rows: slice = slice(None), processes: int = 1,
+              final: torch.Tensor | None = None, details: dict | None = None):
     """(loss, weighted accuracy) of one batch x [Bs, S] whose tokens with loss_mask = 1 carry loss; the
-    target runs here unless the batch brings its stored tap `features` [Bs, S, F].
+    target runs here unless the batch brings its stored tap `features` [Bs, S, F]. With `final` [Bs, S, H]
+    (the input of the target's head, stored beside the taps) distillation reads the target's logits over the
+    draft vocabulary from it instead of from a target forward. `details`, if given, receives this batch's
+    logits, labels, weights and blocks (for `evaluate`).
 
     rows, processes: compute only these rows, one of `processes` equal shards (data parallelism). The anchors
     are drawn for the whole batch and both numbers are normalized by the whole batch's weights, times
@@ -216,20 +238,45 @@ def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, loss_mask: tor
     labels = labels.clamp(min=0)
     loss = dmask.dflash_loss(logits, labels, weights) if s.distill < 1 else 0.0
     if s.distill > 0:
-        if out is None or drafter.config.draft_vocab_size is not None:
-            raise ValueError("distill > 0 needs the target's logits over the whole vocabulary: it cannot be combined "
-                             "with cache_features or draft_vocab")
-        soft = soft_loss(logits, teacher_logits(out.logits, blocks), weights)
-        loss = (1 - s.distill) * loss + s.distill * soft
+        if final is not None:
+            # The target's distribution restricted to the draft vocabulary (renormalised there by the softmax).
+            teacher = drafter.output_logits(teacher_logits(final[rows].to(device), blocks).to(drafter.dtype))
+        elif out is None or drafter.config.draft_vocab_size is not None:
+            raise ValueError("distill > 0 needs the target's logits: stored final states (data sharegpt) or a live "
+                             "target over the whole vocabulary (not cache_features, not draft_vocab)")
+        else:
+            teacher = teacher_logits(out.logits, blocks)
+        loss = (1 - s.distill) * loss + s.distill * soft_loss(logits, teacher, weights)
+    if details is not None:
+        details.update(logits=logits.detach(), labels=labels, weights=weights, blocks=blocks)
     share = processes * float(weights.sum() / total.clamp(min=torch.finfo(weights.dtype).tiny))
     return loss * share, dmask.weighted_accuracy(logits.detach(), labels, weights) * share
 
 
 @torch.no_grad()
-def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor | Replies, s: Settings) -> dict[str, float]:
-    """Mean loss and weighted accuracy over `[n, L]` windows (loss everywhere) or `Replies`, with fixed
-    anchors (step -1's)."""
+def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor | Replies | TapSet, s: Settings,
+             rows: int | None = None) -> dict[str, float]:
+    """Mean loss and weighted accuracy over `[n, L]` windows (loss everywhere), `Replies`, or the first `rows`
+    samples of a `TapSet` (default: `s.eval_replies`), with fixed anchors (step -1's). On a `TapSet` also
+    `tau`: greedy verification's tau over the blocks of its greedy replies (`mask.acceptance_length`)."""
     drafter.eval()
+    if isinstance(windows, TapSet):
+        n = min(len(windows), rows or s.eval_replies)
+        losses, accs, taus, blocks = [], [], [], []
+        for i in range(0, n, s.batch):
+            b = windows.rows(list(range(i, min(i + s.batch, n))))
+            seen = {}
+            loss, acc = step_loss(drafter, target, b.input_ids, b.loss_mask, s, -1, b.features, final=b.final,
+                                  details=seen)
+            losses.append(float(loss))
+            accs.append(acc)
+            greedy = b.temperatures == 0
+            tau, count = dmask.acceptance_length(seen["logits"][greedy], seen["labels"][greedy],
+                                                 seen["weights"][greedy], seen["blocks"].valid[greedy])
+            taus.append(tau * count)
+            blocks.append(count)
+        return {"loss": sum(losses) / len(losses), "accuracy": sum(accs) / len(accs),
+                "tau": sum(taus) / max(sum(blocks), 1)}
     if not isinstance(windows, Replies):
         windows = Replies(windows, torch.ones_like(windows))
     losses, accs = [], []
@@ -239,6 +286,34 @@ def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor | Replies,
         losses.append(float(loss))
         accs.append(acc)
     return {"loss": sum(losses) / len(losses), "accuracy": sum(accs) / len(accs)}
+
+
+@torch.no_grad()
+def init_from_target(drafter: DFlashDraftModel, target, tap_rms: torch.Tensor) -> list[str]:
+    """Start the drafter near the target instead of at random (returns the names of the copied tensors):
+
+    * each drafter layer i starts as the target's layer L - n + i (its last n layers), tensor by tensor where
+      the names and shapes match (a Llama layer has no q_norm / k_norm: those stay at ones);
+    * the final norm is the target's (SmolLM2's has mean 1.80; a drafter norm at ones would start its logits
+      1.8x too flat);
+    * fc divides each tap feature by its RMS (`tap_rms`, measured without position 0): SmolLM2's tap of layer
+      27 carries 80 % of the concatenated energy and a few features are near-constant offsets hundreds of
+      times larger than the rest; scaled, every feature enters fc at a comparable size.
+    """
+    if target.config.model_type != "llama":
+        raise ValueError(f"init_from_target copies a Llama target's layers and norms; this target is "
+                         f"{target.config.model_type!r} (Gemma's norms, for one, scale by 1 + weight)")
+    layers = target.model.layers
+    copied = []
+    for i, layer in enumerate(drafter.layers):
+        source = layers[len(layers) - len(drafter.layers) + i].state_dict()
+        for name, tensor in layer.state_dict().items():
+            if name in source and source[name].shape == tensor.shape:
+                tensor.copy_(source[name])
+                copied.append(f"layers.{i}.{name}")
+    drafter.norm.weight.copy_(target.model.norm.weight)
+    drafter.fc.weight.div_(tap_rms.to(drafter.fc.weight)[None, :] / tap_rms.mean())
+    return copied + ["norm.weight"]
 
 
 def make_optimizer(drafter: DFlashDraftModel, s: Settings) -> torch.optim.AdamW:
@@ -261,9 +336,9 @@ def train(drafter: DFlashDraftModel, target, dataset: torch.Tensor | Replies | T
     drafter.attach_target(target)
 
     def batch_loss(step: int):
-        x, loss_mask, features = batch_at(dataset, s, step)
+        x, loss_mask, features, final = batch_at(dataset, s, step)
         loss, acc = step_loss(drafter, target, x, loss_mask, s, step, features, distributed.shard_of(s.batch),
-                              distributed.world_size())
+                              distributed.world_size(), final)
         return loss, {"loss": loss.item(), "accuracy": acc}
 
     return training.train_loop({"model": drafter}, make_optimizer(drafter, s), s, batch_loss,
@@ -317,14 +392,27 @@ def main(argv: list[str] | None = None) -> None:
     freeze(target)
     torch.manual_seed(s.seed)
     drafter = DFlashDraftModel.for_target(CONFIGS[a.target](draft_vocab_size=s.draft_vocab or None), target)
-    with distributed.main_first():  # under torchrun: rank 0 generates (and caches) the replies, the others read them
-        replies = training_replies(target, tok, s)
+    if s.data == "sharegpt":
+        folder = DATASETS / f"{a.target}-sharegpt"
+        computed_in = getattr(torch, json.loads((folder / "dataset.json").read_text())["settings"]["dtype"])
+        taps = taps_dir(target, drafter.config.target_layer_ids, computed_in)
+        dataset, val = TapSet(folder, taps, "train", s.train_shards or None), TapSet(folder, taps, "heldout")
+        reply_tokens = dataset.reply_token_ids()
+        train_data = f"{folder.name}: {len(dataset.tokens)} train shards, {len(dataset)} replies"
+    else:
+        if s.init_from_target:
+            raise ValueError("init_from_target measures the taps' statistics on stored taps: use --data sharegpt")
+        with distributed.main_first():  # under torchrun: rank 0 generates (and caches) the replies, the others read
+            replies = training_replies(target, tok, s)
+        reply_tokens = replies.input_ids[replies.loss_mask.bool()]
+        train_data = f"corpus {corpus.data_hash(corpus.iter_files('train'))[:16]}, {len(replies)} replies"
     coverage = 1.0
     if s.draft_vocab:
         eos = special_ids(target)[1]
-        drafter.set_draft_vocab(frequent_tokens(replies, s.draft_vocab, always=() if eos is None else (eos,)))
-        reply_tokens = replies.input_ids[replies.loss_mask.bool()]
+        drafter.set_draft_vocab(frequent_tokens(reply_tokens, s.draft_vocab, always=() if eos is None else (eos,)))
         coverage = float((drafter.to_draft_ids(reply_tokens) >= 0).float().mean())
+    if s.init_from_target:
+        init_from_target(drafter, target, dataset.tap_rms(seed=s.seed))
     previous = None
     if start is not None:
         try:
@@ -338,9 +426,11 @@ def main(argv: list[str] | None = None) -> None:
     # the weights it started from, by folder and by digest (the same folder rewritten since is another start).
     must_match = {"target": weights_digest(target), "init_from": None if init_from is None else str(init_from),
                   "init_weights": None if start is None else weights_digest(start)}
-    with distributed.main_first():
-        dataset = tap_features(target, drafter, replies) if s.cache_features else replies
-        val = training_replies(target, tok, replace(s, greedy_replies=s.eval_replies, sampled_replies=0), split="val")
+    if s.data == "replies":
+        with distributed.main_first():
+            dataset = tap_features(target, drafter, replies) if s.cache_features else replies
+            val = training_replies(target, tok, replace(s, greedy_replies=s.eval_replies, sampled_replies=0),
+                                   split="val")
     target.to(distributed.device())  # this process's GPU when there are GPUs; the drafter shares its embedding
     drafter.to(distributed.device())
     history = train(drafter, target, dataset, s, work_dir, must_match=must_match)
@@ -351,9 +441,9 @@ def main(argv: list[str] | None = None) -> None:
         "command": "python -m minispec.dflash.train " + shlex.join(sys.argv[1:] if argv is None else argv),
         "target": a.target,
         "settings": asdict(s),
-        "train_data_sha256": corpus.data_hash(corpus.iter_files("train")),
-        "train_replies_sha256": hashlib.sha256(replies.input_ids.numpy().tobytes()).hexdigest(),
-        "train_reply_tokens": int(replies.loss_mask.sum()),
+        "train_data": train_data,
+        "train_replies_sha256": hashlib.sha256(reply_tokens.numpy().tobytes()).hexdigest(),
+        "train_reply_tokens": len(reply_tokens),
         "draft_vocab_coverage": coverage,  # share of the training reply tokens the draft vocabulary holds
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -362,7 +452,9 @@ def main(argv: list[str] | None = None) -> None:
         "final_train_accuracy_avg100": sum(h["accuracy"] for h in recent) / len(recent),
         "val_loss": metrics["loss"],
         "val_weighted_accuracy": metrics["accuracy"],
-        "val_data": f"{len(val)} greedy replies of up to {s.reply_len} tokens to val-split prompts",
+        "val_tau_greedy_blocks": metrics.get("tau"),
+        "val_data": (f"the first {min(len(val), s.eval_replies)} held-out ShareGPT replies" if s.data == "sharegpt"
+                     else f"{len(val)} greedy replies of up to {s.reply_len} tokens to val-split prompts"),
         "loss_history_every_10": [h["loss"] for h in history[::10]],
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "previous_stage": previous,  # the run this one started from (--init-from), or None

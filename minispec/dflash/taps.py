@@ -1,0 +1,220 @@
+"""The target's hidden states over a reply set, computed once and kept in the user cache.
+
+`python -m minispec.dflash.taps --target smollm2-135m` (after `python -m minispec.dflash.data`):
+
+    for every shard of the reply set (minispec/datasets/<target>-sharegpt/<split>-NNNNN.npz):
+        run the frozen target once over each sample (prompt ++ reply) and keep, one row per token:
+        <split>-NNNNN.taps.npy    [N, n_taps * H]  F, the outputs of the tapped layers (the drafter's input)
+        <split>-NNNNN.final.npy   [N, H]           what the target's head reads (after its final norm): the
+                                                   target's logits over any vocabulary are one matmul away,
+                                                   so a drafter can be distilled without storing 49 k logits
+                                                   a token
+
+Both are bfloat16 bits (numpy has no bfloat16, so they are stored as uint16) and are memory-mapped when a
+drafter trains, so a set larger than the machine's memory trains from disk. The folder is keyed by the
+target's weights, the tapped layers and the precision the target ran in; a shard already there is never
+computed again, so the job resumes. The replies are the data set's: committed, never recomputed. Taps cost
+one prefill forward per token (about 465 tokens/s for SmolLM2-135M in bfloat16 on one CPU thread, against
+about 90 reply tokens/s while generating them): keeping taps during generation would have saved a tenth of
+the data job's time and 16 GB of disk on every machine that only wants the replies.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from minispec.dflash import data
+from minispec.dflash.config import smollm2_dflash_config
+from minispec.files import cache_dir
+from minispec.targets.load import load_target
+from minispec.training import weights_digest
+
+TOKENS_PER_BATCH = 4096  # padded tokens per target forward
+
+
+def taps_dir(target, layer_ids: list[int], dtype: torch.dtype) -> Path:
+    """The cache folder of one target's taps at `layer_ids`, computed in `dtype`."""
+    layers = "_".join(map(str, layer_ids))
+    return cache_dir() / "taps" / f"{weights_digest(target)}-{str(dtype).removeprefix('torch.')}-{layers}"
+
+
+def to_bits(x: torch.Tensor) -> np.ndarray:
+    return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def from_bits(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(x).view(np.int16)).view(torch.bfloat16)  # a copy: memory maps are read-only
+
+
+def rows_of(shard: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The samples of a shard, each prompt ++ reply as int64 token ids."""
+    ends = np.cumsum(shard["prompt_lengths"] + shard["reply_lengths"])
+    return np.split(shard["tokens"].astype(np.int64), ends[:-1])
+
+
+@torch.no_grad()
+def shard_states(target, layer_ids: list[int], rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows (token ids of each sample) -> (F [N, n_taps * H], final [N, H]), N = all tokens, in row order.
+
+    Rows run in batches of similar length, right-padded: a causal model's real tokens never see the padding
+    after them, so a row's states do not depend on the rows batched with it."""
+    head_input = []
+    hook = target.get_output_embeddings().register_forward_hook(lambda m, args, out: head_input.append(args[0]))
+    starts = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+    H = target.config.hidden_size
+    taps = torch.zeros(int(starts[-1]), len(layer_ids) * H, dtype=torch.bfloat16)
+    final = torch.zeros(int(starts[-1]), H, dtype=torch.bfloat16)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    try:
+        while order:
+            width = len(rows[order[-1]])
+            batch, order = order[-max(1, TOKENS_PER_BATCH // width):], order[: -max(1, TOKENS_PER_BATCH // width)]
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            for j, i in enumerate(batch):
+                ids[j, : len(rows[i])] = torch.from_numpy(rows[i])
+            head_input.clear()
+            out = target(input_ids=ids, output_hidden_states=True)
+            tapped = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+            for j, i in enumerate(batch):
+                n = len(rows[i])
+                taps[starts[i]: starts[i] + n] = tapped[j, :n].to(torch.bfloat16)
+                final[starts[i]: starts[i] + n] = head_input[0][j, :n].to(torch.bfloat16)
+    finally:
+        hook.remove()
+    return taps, final
+
+
+def build(target, layer_ids: list[int], replies: Path, out: Path, splits=data.SPLITS, max_shards: int | None = None,
+          dtype: torch.dtype = torch.bfloat16) -> None:
+    """Compute the missing shards' taps of `replies` (a data set folder) into `out`, held-out shards first."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [p for split in splits for p in sorted(replies.glob(f"{split}-*.npz"))[:max_shards]]
+    if not paths:
+        raise FileNotFoundError(f"no reply shards in {replies}: make them with `python -m minispec.dflash.data`")
+    todo = [p for p in paths if not (out / f"{p.stem}.final.npy").exists()]
+    tokens = {p: int(sum(len(r) for r in rows_of(data.read_shard(p)))) for p in todo}
+    bar = tqdm(total=sum(tokens.values()), unit="tok", desc=f"target taps ({len(paths) - len(todo)} of "
+                                                            f"{len(paths)} shards done)")
+    for path in todo:
+        started = time.perf_counter()
+        taps, final = shard_states(target, layer_ids, rows_of(data.read_shard(path)))
+        for name, array in ((f"{path.stem}.taps.npy", taps), (f"{path.stem}.final.npy", final)):
+            with open(out / f"{name}.tmp", "wb") as f:  # .final last: its presence marks a finished shard
+                np.save(f, to_bits(array))
+            (out / f"{name}.tmp").replace(out / name)
+        bar.update(tokens[path])
+        disk = sum(f.stat().st_size for f in out.iterdir()) / 1e9
+        bar.set_postfix_str(f"{path.name} in {time.perf_counter() - started:.0f} s, disk {disk:.1f} GB")
+    bar.close()
+    (out / "taps.json").write_text(json.dumps({"replies": str(replies), "layer_ids": layer_ids,
+                                               "dtype": str(dtype), "target_weights": weights_digest(target)}))
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, S] prompt ++ reply, right-padded
+    loss_mask: torch.Tensor  # [B, S] 1 on reply tokens
+    features: torch.Tensor  # [B, S, n_taps * H] bf16
+    final: torch.Tensor  # [B, S, H] bf16: the target head's input at each position
+    temperatures: torch.Tensor  # [B] the temperature each reply was drawn at
+
+
+class TapSet:
+    """The samples of one split of a reply set with their stored taps, read from disk (memory-mapped)."""
+
+    def __init__(self, replies: Path, taps: Path, split: str, max_shards: int | None = None):
+        paths = sorted(Path(replies).glob(f"{split}-*.npz"))[:max_shards]
+        missing = [p.name for p in paths if not (Path(taps) / f"{p.stem}.final.npy").exists()]
+        if not paths or missing:
+            raise FileNotFoundError(f"{taps} lacks the taps of {missing or split + ' shards'}: compute them with "
+                                    "`python -m minispec.dflash.taps`")
+        self.tokens, self.taps, self.final = [], [], []
+        self.starts, self.prompt, self.reply, self.temperature, self.first = [], [], [], [], [0]
+        for p in paths:
+            shard = data.read_shard(p)
+            self.tokens.append(shard["tokens"])
+            self.taps.append(np.load(Path(taps) / f"{p.stem}.taps.npy", mmap_mode="r"))
+            self.final.append(np.load(Path(taps) / f"{p.stem}.final.npy", mmap_mode="r"))
+            lengths = shard["prompt_lengths"] + shard["reply_lengths"]
+            self.starts.append(np.concatenate([[0], np.cumsum(lengths)[:-1]]))
+            self.prompt.append(shard["prompt_lengths"])
+            self.reply.append(shard["reply_lengths"])
+            self.temperature.append(shard["temperatures"])
+            self.first.append(self.first[-1] + len(lengths))
+
+    def __len__(self) -> int:
+        return self.first[-1]
+
+    @property
+    def reply_tokens(self) -> int:
+        return int(sum(r.sum() for r in self.reply))
+
+    def reply_token_ids(self) -> torch.Tensor:
+        """[n] every reply token of the split, in order."""
+        return torch.cat([torch.from_numpy(t[int(a + P): int(a + P + R)].astype(np.int64))
+                          for t, starts, prompt, reply in zip(self.tokens, self.starts, self.prompt, self.reply)
+                          for a, P, R in zip(starts, prompt, reply)])
+
+    def rows(self, index: list[int], pad_id: int = 0) -> Batch:
+        """The samples `index` as one right-padded batch."""
+        where = [(s := bisect.bisect_right(self.first, i) - 1, i - self.first[s]) for i in index]
+        lengths = [int(self.prompt[s][j] + self.reply[s][j]) for s, j in where]
+        B, S = len(index), max(lengths)
+        ids = torch.full((B, S), pad_id, dtype=torch.long)
+        mask = torch.zeros(B, S, dtype=torch.long)
+        feats = torch.zeros(B, S, self.taps[0].shape[1], dtype=torch.bfloat16)
+        final = torch.zeros(B, S, self.final[0].shape[1], dtype=torch.bfloat16)
+        for b, ((s, j), n) in enumerate(zip(where, lengths)):
+            a = int(self.starts[s][j])
+            ids[b, :n] = torch.from_numpy(self.tokens[s][a: a + n].astype(np.int64))
+            mask[b, int(self.prompt[s][j]): n] = 1
+            feats[b, :n] = from_bits(self.taps[s][a: a + n])
+            final[b, :n] = from_bits(self.final[s][a: a + n])
+        temps = torch.tensor([float(self.temperature[s][j]) for s, j in where])
+        return Batch(ids, mask, feats, final, temps)
+
+    def batch(self, size: int, seed: int, step: int, pad_id: int = 0) -> Batch:
+        """`size` samples drawn by (seed, step), so a resumed run sees the same batches."""
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        return self.rows(torch.randint(0, len(self), (size,), generator=g).tolist(), pad_id)
+
+    def tap_rms(self, num_rows: int = 256, seed: int = 0) -> torch.Tensor:
+        """[n_taps * H] the root mean square of each feature over `num_rows` seeded samples, position 0 left out
+        (the first position's states are an attention sink, hundreds of times larger than the rest)."""
+        g = torch.Generator().manual_seed(seed)
+        picked = torch.randint(0, len(self), (min(num_rows, len(self)),), generator=g).tolist()
+        where = [(s := bisect.bisect_right(self.first, i) - 1, i - self.first[s]) for i in picked]
+        x = torch.cat([from_bits(self.taps[s][int(self.starts[s][j]) + 1:
+                                              int(self.starts[s][j] + self.prompt[s][j] + self.reply[s][j])])
+                       for s, j in where]).float()
+        return x.pow(2).mean(0).sqrt()
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m minispec.dflash.taps", description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="smollm2-135m", choices=["smollm2-135m"])
+    p.add_argument("--replies", type=Path, help="the reply set (default: minispec/datasets/<target>-sharegpt)")
+    p.add_argument("--shards", type=int, help="only the first N shards of each split (default: all)")
+    p.add_argument("--layers", type=int, nargs="+", help="tapped layers (default: the shipped drafter's)")
+    a = p.parse_args(argv)
+    if a.shards is not None and a.shards < 1:
+        p.error(f"--shards must be >= 1, got {a.shards}")
+    replies = a.replies or data.DATASETS / f"{a.target}-sharegpt"
+    dtype = getattr(torch, json.loads((replies / "dataset.json").read_text())["settings"]["dtype"])
+    target, _ = load_target(a.target, dtype=dtype)
+    target.eval()
+    layers = a.layers or smollm2_dflash_config().target_layer_ids
+    out = taps_dir(target, layers, dtype)
+    build(target, layers, replies, out, max_shards=a.shards, dtype=dtype)
+    print(f"{out}: {sum(f.stat().st_size for f in out.iterdir()) / 1e9:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()

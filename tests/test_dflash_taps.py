@@ -1,0 +1,144 @@
+"""The stored taps (minispec.dflash.taps) and what trains from them: they are the live target's states, the
+job resumes without recomputing a shard, distillation from the stored final states equals distillation from
+the live target's logits, and `init_from_target` starts the drafter from the target's last layer."""
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from minispec.dflash import data, mask, taps
+from minispec.dflash.config import DFlashConfig
+from minispec.dflash.model import DFlashDraftModel
+from minispec.dflash.train import Settings, evaluate, init_from_target, step_loss, train
+from minispec.training import weights_digest
+
+LAYERS = [0, 2]
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, tie_word_embeddings=True,
+                      pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(20.0)  # logits sharp enough to distil from
+        model.model.norm.weight.fill_(1.8)
+    return model
+
+
+def new_drafter(target, seed=1, draft_vocab=None):
+    torch.manual_seed(seed)
+    cfg = DFlashConfig.for_target(target.config, LAYERS, 3, hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                  block_size=4, draft_vocab_size=draft_vocab)
+    return DFlashDraftModel.for_target(cfg, target)
+
+
+def reply_set(folder, shards=2, samples=5, seed=0):
+    """A reply set in the data job's format: random prompts and replies, every second reply at T = 1."""
+    g = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("heldout", "train"):
+        for i in range(shards):
+            P, R = g.integers(3, 9, samples), g.integers(6, 20, samples)
+            data.save_shard(folder / data.shard_name(split, i), {
+                "tokens": g.integers(4, 512, int((P + R).sum())).astype(np.uint16),
+                "prompt_lengths": P.astype(np.int32), "reply_lengths": R.astype(np.int32),
+                "temperatures": np.array([0.0, 1.0] * samples, dtype=np.float32)[:samples],
+                "keys": np.array([f"c{i}:{j}" for j in range(samples)])})
+    return folder
+
+
+def test_stored_taps_are_the_live_target_states_and_the_job_resumes(target, tmp_path, monkeypatch):
+    replies, out = reply_set(tmp_path / "set"), tmp_path / "taps"
+    taps.build(target, LAYERS, replies, out, dtype=torch.float32)
+    made = []
+    real = taps.shard_states
+    monkeypatch.setattr(taps, "shard_states", lambda *a: made.append(a) or real(*a))
+    taps.build(target, LAYERS, replies, out, dtype=torch.float32)
+    assert made == []  # every shard is there: nothing is computed again
+    (out / "train-00001.final.npy").unlink()
+    taps.build(target, LAYERS, replies, out, dtype=torch.float32)
+    assert len(made) == 1  # only the unfinished shard
+
+    train_set = taps.TapSet(replies, out, "train")
+    assert len(train_set) == 10
+    batch = train_set.rows([0, 7])
+    for b, i in enumerate([0, 7]):
+        n = int(batch.input_ids[b].ne(0).sum())
+        with torch.no_grad():
+            live = target(input_ids=batch.input_ids[b: b + 1, :n], output_hidden_states=True)
+        expected = torch.cat([live.hidden_states[k + 1] for k in LAYERS], -1)[0]
+        torch.testing.assert_close(batch.features[b, :n].float(), expected, atol=0.02 * expected.abs().max(), rtol=0.01)
+        logits = target.get_output_embeddings()(batch.final[b, :n].float())
+        assert (logits.argmax(-1) == live.logits[0].argmax(-1)).float().mean() > 0.95  # bf16 states
+        prompt = int(train_set.prompt[i // 5][i % 5])
+        assert batch.loss_mask[b, :prompt].sum() == 0 and batch.loss_mask[b, prompt:n].all()
+    assert train_set.reply_tokens == len(train_set.reply_token_ids())
+    with pytest.raises(FileNotFoundError, match="python -m minispec.dflash.taps"):
+        taps.TapSet(replies, tmp_path / "elsewhere", "train")
+
+
+def test_distillation_from_stored_final_states_equals_the_live_target(target, tmp_path):
+    replies, out = reply_set(tmp_path / "set"), tmp_path / "taps"
+    taps.build(target, LAYERS, replies, out, dtype=torch.float32)
+    b = taps.TapSet(replies, out, "train").rows([1, 2, 3])
+    drafter = new_drafter(target)
+    s = Settings(batch=3, num_anchors=4, distill=1.0, greedy_replies=1, sampled_replies=0)
+    stored, _ = step_loss(drafter, target, b.input_ids, b.loss_mask, s, 0, b.features, final=b.final)
+    live, _ = step_loss(drafter, target, b.input_ids, b.loss_mask, s, 0)  # the target runs over the batch
+    assert abs(float(stored) - float(live)) < 0.01 * float(live)
+    hard, _ = step_loss(drafter, target, b.input_ids, b.loss_mask, Settings(batch=3, num_anchors=4, distill=0.0),
+                        0, b.features, final=b.final)
+    assert abs(float(hard) - float(stored)) > 0.05  # the soft loss is another loss, not the hard one
+
+    small = new_drafter(target, draft_vocab=64)
+    small.set_draft_vocab(torch.arange(4, 68))
+    loss, _ = step_loss(small, target, b.input_ids, b.loss_mask, s, 0, b.features, final=b.final)
+    assert torch.isfinite(loss)  # over a reduced vocabulary too, where a live target's logits do not fit
+
+
+def test_init_from_target_copies_the_last_layer_and_norm_and_scales_fc(target, tmp_path):
+    drafter = new_drafter(target)
+    fc = drafter.fc.weight.clone()
+    rms = torch.rand(len(LAYERS) * 64) + 0.5
+    copied = init_from_target(drafter, target, rms)
+    last = target.model.layers[-1]
+    assert torch.equal(drafter.layers[0].self_attn.q_proj.weight, last.self_attn.q_proj.weight)
+    assert torch.equal(drafter.layers[0].mlp.down_proj.weight, last.mlp.down_proj.weight)
+    assert torch.equal(drafter.norm.weight, target.model.norm.weight)
+    assert "layers.0.self_attn.q_norm.weight" not in copied  # a Llama layer has none: it stays at ones
+    torch.testing.assert_close(drafter.fc.weight * rms / rms.mean(), fc)
+    from tiny import tiny_gemma
+    with pytest.raises(ValueError, match="'gemma4_text'"):
+        init_from_target(new_drafter(target), tiny_gemma(), rms)
+
+
+def test_training_from_stored_taps_learns_resumes_and_measures_tau(target, tmp_path):
+    replies, out = reply_set(tmp_path / "set", samples=8), tmp_path / "taps"
+    taps.build(target, LAYERS, replies, out, dtype=torch.float32)
+    train_set, heldout = taps.TapSet(replies, out, "train"), taps.TapSet(replies, out, "heldout")
+    s = Settings(steps=8, batch=4, num_anchors=6, lr=1e-2, warmup=1, ckpt_every=4, distill=0.5, eval_replies=16,
+                 greedy_replies=1, sampled_replies=0)
+    whole = new_drafter(target)
+    history = train(whole, target, train_set, s, tmp_path / "whole")
+    assert history[-1]["loss"] < history[0]["loss"]
+    parts = new_drafter(target)
+    train(parts, target, train_set, s, tmp_path / "parts", stop_after=4)
+    train(parts, target, train_set, s, tmp_path / "parts")
+    assert weights_digest(parts) == weights_digest(whole)
+    metrics = evaluate(whole, target, heldout, s)
+    assert 1.0 <= metrics["tau"] <= 4.0 and 0 <= metrics["accuracy"] <= 1
+
+
+def test_acceptance_length_counts_the_leading_hits_of_each_block():
+    labels = torch.tensor([[[5, 1, 2, 3], [5, 1, 2, 3], [5, 1, 2, 3]]])  # [1, N = 3, T = 4]
+    drafts = torch.tensor([[[0, 1, 2, 0], [0, 0, 2, 3], [0, 1, 2, 3]]])
+    logits = torch.nn.functional.one_hot(drafts, 8).float()
+    weights = torch.tensor([[[0, 1, 1, 1], [0, 1, 1, 1], [0, 1, 1, 0]]]).float()  # block 2 ends at k = 2
+    tau, n = mask.acceptance_length(logits, labels, weights, torch.tensor([[True, True, True]]))
+    assert n == 3 and tau == pytest.approx((3 + 1 + 3) / 3)
+    tau, n = mask.acceptance_length(logits, labels, weights, torch.tensor([[True, False, False]]))
+    assert n == 1 and tau == 3

@@ -45,6 +45,19 @@ WRONG = {
     "4 full-attention layers grow with the context, 20 sliding": "E4B has 7 full and 35 sliding layers (KV shared)",
     "the ones the drafter taps": "the drafter also taps full layer 35",
     "the bolt e4b write-up's serving advice follows": "the model does not explain the 64-sequence setup",
+    # MTP: in training step k already reads step k−1's outputs; the drafting mismatch is the stitched context.
+    "trained with the backbone's hidden states but drafts from its": "step k reads step k−1's outputs in training",
+    "training (teacher forcing): depth k reads the backbone's h": "step k reads step k−1's outputs in training",
+    "that training sees backbone states at depth 1": "step k reads step k−1's outputs in training",
+    # The paper does not say at which depths, against which prefix, or how hidden-state mixing draws.
+    "head at every depth, with **hidden-state mixing** for the mismatch": "the depths and the draws are this project's",
+    "with kl(backbone ‖ head) at *every* depth": "the depths and the teacher's prefix are this project's choice",
+    "whole distribution into every depth": "the depths and the teacher's prefix are this project's choice",
+    # lightning-mini's boosted head gained +66% AL at T = 0 and +35% at T = 1 (K = 7): the paper's order reversed.
+    "which is what sampled-draft acceptance at $t=1$ pays for": "the project measured a larger gain at T = 0",
+    # The verify forward costs about C_t on a memory-bound GPU, 1.2–2.8 C_t on the CPU the notebooks run on.
+    "practice the verify forward costs a little more than a decode step": "measured 1.2–2.8 C_t on this CPU",
+    "break_even_tau(1.0, c_d, 1.1)": "measured 1.2–2.8 C_t on this CPU",
 }
 
 
@@ -62,4 +75,6 @@ def test_a_corrected_claim_does_not_come_back(phrase):
 
 def test_the_search_reaches_what_it_must():
     names = {f.name for f in searched_files()}
-    assert {"README.md", "02_dflash.ipynb", "04_nvfp4_qad.ipynb", "nvfp4.md", "serving.py"} <= names
+    assert {"README.md", "01_speculative_sampling.ipynb", "02_dflash.ipynb", "03_mtp_boosting.ipynb",
+            "03x_exercises_mtp_boosting.ipynb", "04_nvfp4_qad.ipynb", "nvfp4.md", "serving.py",
+            "mtp_boosting.py"} <= names

@@ -18,11 +18,12 @@ def _arrow(ax, a, b, color="0.3", style="-|>"):
 
 
 def recursive_head(depths: int = 3):
-    """Two panels. Training: every depth of slot j reads a hidden state that stands in for the backbone's
-    h_j (depth 1 the backbone's own). Drafting: depth k reads depth k−1's output, the head's own guess."""
+    """Two panels. A head trained one depth deep: every call reads the backbone's own h (a head trained
+    through the recursion, as the Super/Lightning paper's and lightning-mini's are, reads depth k−1's outputs
+    in training too). Drafting: depth k reads depth k−1's output, the head's own guess."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
     plt.close(fig)
-    for ax, title, mode in zip(axes, ("training (teacher forcing): depth k reads the backbone's h",
+    for ax, title, mode in zip(axes, ("trained one depth deep: every call reads the backbone's h",
                                       "drafting: depth k reads depth k−1's own output"), ("train", "draft")):
         ax.set_xlim(-0.5, 2.2 * depths + 0.6)
         ax.set_ylim(-0.8, 2.6)

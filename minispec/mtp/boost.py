@@ -19,6 +19,11 @@ instead and falls back to the newest where a rolled one is zero; either way the 
 slots the loss does not count, j < k-1, or slots right after padding.) The draws come from the
 caller's generator, so a run is reproducible.
 
+The Super/Lightning paper says only that step k's input hidden states are sampled from those of steps
+1..k-1. Drawing per slot and uniformly, with the backbone's h_j among the candidates, is how Megatron-LM's
+`mtp_hsm` does it and this project's choice; so are a KL term at every trained depth and a teacher computed
+on the real prefix (the paper does not say how it sets the teacher past the first step).
+
 Three contexts, `context=`:
 
     "unrolled"  depth k takes depth k-1's output, at every slot. Its input hidden state is the drafter's,

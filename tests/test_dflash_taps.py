@@ -53,14 +53,14 @@ def reply_set(folder, shards=2, samples=5, seed=0):
 
 def test_stored_taps_are_the_live_target_states_and_the_job_resumes(target, tmp_path, monkeypatch):
     replies, out = reply_set(tmp_path / "set"), tmp_path / "taps"
-    taps.build(target, LAYERS, replies, out, dtype=torch.float32)
+    taps.build(target, LAYERS, replies, out)
     made = []
     real = taps.shard_states
     monkeypatch.setattr(taps, "shard_states", lambda *a: made.append(a) or real(*a))
-    taps.build(target, LAYERS, replies, out, dtype=torch.float32)
+    taps.build(target, LAYERS, replies, out)
     assert made == []  # every shard is there: nothing is computed again
     (out / "train-00001.final.npy").unlink()
-    taps.build(target, LAYERS, replies, out, dtype=torch.float32)
+    taps.build(target, LAYERS, replies, out)
     assert len(made) == 1  # only the unfinished shard
 
     train_set = taps.TapSet(replies, out, "train")
@@ -83,7 +83,7 @@ def test_stored_taps_are_the_live_target_states_and_the_job_resumes(target, tmp_
 
 def test_distillation_from_stored_final_states_equals_the_live_target(target, tmp_path):
     replies, out = reply_set(tmp_path / "set"), tmp_path / "taps"
-    taps.build(target, LAYERS, replies, out, dtype=torch.float32)
+    taps.build(target, LAYERS, replies, out)
     b = taps.TapSet(replies, out, "train").rows([1, 2, 3])
     drafter = new_drafter(target)
     s = Settings(batch=3, num_anchors=4, distill=1.0, greedy_replies=1, sampled_replies=0)
@@ -118,7 +118,7 @@ def test_init_from_target_copies_the_last_layer_and_norm_and_scales_fc(target, t
 
 def test_training_from_stored_taps_learns_resumes_and_measures_tau(target, tmp_path):
     replies, out = reply_set(tmp_path / "set", samples=8), tmp_path / "taps"
-    taps.build(target, LAYERS, replies, out, dtype=torch.float32)
+    taps.build(target, LAYERS, replies, out)
     train_set, heldout = taps.TapSet(replies, out, "train"), taps.TapSet(replies, out, "heldout")
     s = Settings(steps=8, batch=4, num_anchors=6, lr=1e-2, warmup=1, ckpt_every=4, distill=0.5, eval_replies=16,
                  greedy_replies=1, sampled_replies=0)

@@ -40,10 +40,12 @@ from minispec.training import weights_digest
 TOKENS_PER_BATCH = 4096  # padded tokens per target forward
 
 
-def taps_dir(target, layer_ids: list[int], dtype: torch.dtype) -> Path:
-    """The cache folder of one target's taps at `layer_ids`, computed in `dtype`."""
+def taps_dir(replies: Path, layer_ids: list[int]) -> Path:
+    """The cache folder of the taps at `layer_ids` over the reply set `replies`, computed by the target that wrote
+    the replies, in the precision it wrote them in (both as the set's dataset.json records them)."""
+    made = json.loads((Path(replies) / "dataset.json").read_text())
     layers = "_".join(map(str, layer_ids))
-    return cache_dir() / "taps" / f"{weights_digest(target)}-{str(dtype).removeprefix('torch.')}-{layers}"
+    return cache_dir() / "taps" / f"{made['target_weights']}-{made['settings']['dtype']}-{layers}"
 
 
 def to_bits(x: torch.Tensor) -> np.ndarray:
@@ -92,8 +94,8 @@ def shard_states(target, layer_ids: list[int], rows: list[np.ndarray]) -> tuple[
     return taps, final
 
 
-def build(target, layer_ids: list[int], replies: Path, out: Path, splits=data.SPLITS, max_shards: int | None = None,
-          dtype: torch.dtype = torch.bfloat16) -> None:
+def build(target, layer_ids: list[int], replies: Path, out: Path, splits=data.SPLITS,
+          max_shards: int | None = None) -> None:
     """Compute the missing shards' taps of `replies` (a data set folder) into `out`, held-out shards first."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [p for split in splits for p in sorted(replies.glob(f"{split}-*.npz"))[:max_shards]]
@@ -115,7 +117,7 @@ def build(target, layer_ids: list[int], replies: Path, out: Path, splits=data.SP
         bar.set_postfix_str(f"{path.name} in {time.perf_counter() - started:.0f} s, disk {disk:.1f} GB")
     bar.close()
     (out / "taps.json").write_text(json.dumps({"replies": str(replies), "layer_ids": layer_ids,
-                                               "dtype": str(dtype), "target_weights": weights_digest(target)}))
+                                               "dtype": str(target.dtype), "target_weights": weights_digest(target)}))
 
 
 @dataclass
@@ -207,12 +209,15 @@ def main(argv: list[str] | None = None) -> None:
     if a.shards is not None and a.shards < 1:
         p.error(f"--shards must be >= 1, got {a.shards}")
     replies = a.replies or data.DATASETS / f"{a.target}-sharegpt"
-    dtype = getattr(torch, json.loads((replies / "dataset.json").read_text())["settings"]["dtype"])
-    target, _ = load_target(a.target, dtype=dtype)
+    made = json.loads((replies / "dataset.json").read_text())
+    target, _ = load_target(a.target, dtype=getattr(torch, made["settings"]["dtype"]))
     target.eval()
+    if weights_digest(target) != made["target_weights"]:
+        raise ValueError(f"{replies} was written by other target weights ({made['target_weights']}) than "
+                         f"{a.target}'s ({weights_digest(target)}): its taps would not be the replies' own")
     layers = a.layers or smollm2_dflash_config().target_layer_ids
-    out = taps_dir(target, layers, dtype)
-    build(target, layers, replies, out, max_shards=a.shards, dtype=dtype)
+    out = taps_dir(replies, layers)
+    build(target, layers, replies, out, max_shards=a.shards)
     print(f"{out}: {sum(f.stat().st_size for f in out.iterdir()) / 1e9:.2f} GB")
 
 

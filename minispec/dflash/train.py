@@ -84,10 +84,12 @@ class Settings(training.Settings):
     data: str = "replies"
     train_shards: int = 0  # "sharegpt": train on the first N train shards only; 0: all
     init_from_target: bool = False  # the target's last layer and final norm, fc scaled per tap feature
+    num_layers: int = 0  # drafter layers; 0: the target's drafter config's
+    block_size: int = 0  # B; 0: the target's drafter config's
 
     BOOKKEEPING = training.Settings.BOOKKEEPING | {"eval_replies"}
     ZERO_ALLOWED = training.Settings.ZERO_ALLOWED | {"greedy_replies", "sampled_replies", "distill", "draft_vocab",
-                                                     "train_shards"}
+                                                     "train_shards", "num_layers", "block_size"}
     DATA = ("replies", "sharegpt")
 
     def __post_init__(self):
@@ -391,11 +393,11 @@ def main(argv: list[str] | None = None) -> None:
     target, tok = load_target(a.target)
     freeze(target)
     torch.manual_seed(s.seed)
-    drafter = DFlashDraftModel.for_target(CONFIGS[a.target](draft_vocab_size=s.draft_vocab or None), target)
+    shape = {k: v for k, v in (("num_hidden_layers", s.num_layers), ("block_size", s.block_size)) if v}
+    drafter = DFlashDraftModel.for_target(CONFIGS[a.target](draft_vocab_size=s.draft_vocab or None, **shape), target)
     if s.data == "sharegpt":
         folder = DATASETS / f"{a.target}-sharegpt"
-        computed_in = getattr(torch, json.loads((folder / "dataset.json").read_text())["settings"]["dtype"])
-        taps = taps_dir(target, drafter.config.target_layer_ids, computed_in)
+        taps = taps_dir(folder, drafter.config.target_layer_ids)
         dataset, val = TapSet(folder, taps, "train", s.train_shards or None), TapSet(folder, taps, "heldout")
         reply_tokens = dataset.reply_token_ids()
         train_data = f"{folder.name}: {len(dataset.tokens)} train shards, {len(dataset)} replies"

@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-prompts", type=positive_int,
                    help="dflash: prompts for acceptance (default: all, 241 eval prompts or MT-Bench's 80)")
     p.add_argument("--eval-batch", type=positive_int, default=16, help="dflash: batch size of the acceptance runs")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="dflash: the precision the target and every drafter compute in, the same for every method "
+                        "of the run (bfloat16 runs SmolLM2 ~1.8x faster on a CPU with AVX-512 BF16)")
     p.add_argument("--dry-run", action="store_true", help="gpu: plan every row, shape and byte count without CUDA")
     p.add_argument("--json", type=Path, help="where to write the rows (default bench-results/NAME.json)")
     args = p.parse_args(argv)

@@ -298,7 +298,7 @@ def bench_dflash(args) -> list[dict]:
     def progress(message: str) -> None:
         print(f"[{time.perf_counter() - start:7.1f} s] {message}", flush=True)
 
-    model, tokenizer = ms.load_target(args.target)
+    model, tokenizer = ms.load_target(args.target, dtype=getattr(torch, args.dtype))
     drafter_name = args.drafter or default_drafter(args.target)
     drafters = {policy: ms.load_drafter(drafter_name, model, policy=policy) for policy in args.policies}
     prompts = bench_prompts(tokenizer)
@@ -308,7 +308,8 @@ def bench_dflash(args) -> list[dict]:
                                        args.temperatures, args.eval_batch, progress)]
 
     K = next(iter(drafters.values())).num_draft_tokens
-    draft_lm = ms.load_target(DRAFT_LMS[str(args.target)])[0] if str(args.target) in DRAFT_LMS else None
+    draft_lm = (ms.load_target(DRAFT_LMS[str(args.target)], dtype=model.dtype)[0] if str(args.target) in DRAFT_LMS
+                else None)
     if draft_lm is None:
         progress(f"{args.target} has no draft LM that shares its tokenizer: Hugging Face's assisted decoding is "
                  "not measured")

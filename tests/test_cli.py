@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import minispec as ms
 from minispec.__main__ import main
 from minispec.targets import smollm2
 
@@ -54,3 +55,29 @@ def test_bench_ar_writes_json(tmp_path):
     assert [r["batch"] for r in data["rows"]] == [1, 2]
     assert all(r["new_tokens"] == 4 * r["batch"] for r in data["rows"])
     assert data["machine"]["torch"] and "tokens_per_s" in res.stdout
+    assert data["command"] == ("python -m minispec.bench ar --batch 1 2 --max-new-tokens 4 --repeats 1 --json "
+                               f"{tmp_path / 'ar.json'}")
+
+
+def test_bench_forward_sets_each_window_against_one_token(tmp_path, monkeypatch):
+    """Each thread count's rows are divided by its own one-token row, bare and minispec apart (timings are
+    stubbed: only the arithmetic and the layout are checked)."""
+    from minispec.bench import decoding
+    from minispec.bench import main as bench_main
+
+    monkeypatch.setattr(decoding, "forward_costs", lambda model, context, n, repeats: (0.01 * (1 + n), 0.02 * n))
+    bench_main(["forward", "--tokens", "8", "4", "--repeats", "1", "--json", str(tmp_path / "f.json")])
+    rows = json.loads((tmp_path / "f.json").read_text())["rows"]
+    assert [(r["threads"], r["n"]) for r in rows] == [(1, 1), (1, 4), (1, 8), (2, 1), (2, 4), (2, 8)]
+    assert [r["bare_ratio"] for r in rows[:3]] == [1.0, 2.5, 4.5]
+    assert [r["minispec_ratio"] for r in rows[:3]] == [1, 4, 8]
+    assert rows[2]["minispec_over_bare"] == round(0.16 / 0.09, 3)
+
+
+def test_forward_costs_time_the_same_window_both_ways():
+    from minispec.bench.decoding import forward_costs
+
+    model, tok = ms.load_target("bolt-mini")
+    context = ms.load_evalset().prompts[0]
+    bare, ours = forward_costs(model, context, 5, repeats=1)
+    assert bare > 0 and ours > 0

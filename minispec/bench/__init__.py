@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from itertools import groupby
 from pathlib import Path
 
 import torch
 
-from minispec.bench.decoding import bench_ar, bench_spec
+from minispec.bench.decoding import bench_ar, bench_forward, bench_spec
 from minispec.bench.dflash import DFLASH_DRAFTERS, bench_dflash
 from minispec.bench.gpu import bench_gpu
 from minispec.bench.kl import bench_kl
@@ -26,8 +28,8 @@ from minispec.cli import positive_int, temperature
 from minispec.dflash.drafter import POLICIES
 from minispec.results import machine
 
-BENCHES = {"ar": bench_ar, "spec": bench_spec, "kl": bench_kl, "dflash": bench_dflash, "replay": bench_replay,
-           "mtp": bench_mtp, "nvfp4": bench_nvfp4, "gpu": bench_gpu}
+BENCHES = {"ar": bench_ar, "spec": bench_spec, "forward": bench_forward, "kl": bench_kl, "dflash": bench_dflash,
+           "replay": bench_replay, "mtp": bench_mtp, "nvfp4": bench_nvfp4, "gpu": bench_gpu}
 # Options whose default depends on the benchmark; anything not listed defaults to DEFAULTS.
 DEFAULTS = {"max_new_tokens": 64, "temperatures": [0.0, 1.0], "threads": None}
 BENCH_DEFAULTS = {"dflash": {"max_new_tokens": 128, "temperatures": [0.0, 0.5, 1.0], "threads": 2}}
@@ -61,9 +63,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-prompts", type=positive_int,
                    help="dflash: prompts for acceptance (default: all, 241 eval prompts or MT-Bench's 80)")
     p.add_argument("--eval-batch", type=positive_int, default=16, help="dflash: batch size of the acceptance runs")
+    p.add_argument("--tokens", type=positive_int, nargs="+", default=[1, 2, 4, 5, 8, 9, 16],
+                   help="forward: new tokens per forward (a verify window is K + 1)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="dflash: the precision the target and every drafter compute in, the same for every method "
-                        "of the run (bfloat16 runs SmolLM2 ~1.8x faster on a CPU with AVX-512 BF16)")
+                   help="dflash, forward: the precision the target and every drafter compute in, the same for "
+                        "every method of the run (bfloat16 runs SmolLM2 ~1.8x faster on a CPU with AVX-512 BF16)")
     p.add_argument("--dry-run", action="store_true", help="gpu: plan every row, shape and byte count without CUDA")
     p.add_argument("--json", type=Path, help="where to write the rows (default bench-results/NAME.json)")
     args = p.parse_args(argv)
@@ -77,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         print_table(list(table))
     out = args.json or Path("bench-results") / f"{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"bench": args.name, "machine": machine(),
+    command = "python -m minispec.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    out.write_text(json.dumps({"bench": args.name, "command": command, "machine": machine(),
                                "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
     print(f"wrote {out}")

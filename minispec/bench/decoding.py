@@ -165,3 +165,48 @@ def bench_spec(args) -> list[dict]:
                      "speedup": round((n / seconds) / (ar_n / ar_s), 3),
                      **parts.columns(stats.tau, seconds / forwards)})
     return rows
+
+
+@torch.no_grad()
+def forward_costs(target, context: torch.Tensor, n: int, repeats: int) -> tuple[float, float]:
+    """(bare, minispec): seconds of one forward over `n` new tokens after `context` [L] at batch 1, best of
+    `repeats`, each followed by dropping those tokens again. Bare: the model's own forward into a
+    `DynamicCache`, then `crop`. minispec: what its loops pay, the adapter's `forward` (a verify window: the
+    attention mask, position ids, a rollback-ready cache) and its `rollback`."""
+    from transformers import DynamicCache
+
+    tokens = context[-n:][None]  # any n tokens: the cost does not depend on which
+    cache = DynamicCache(config=target.config)
+    target(input_ids=context[None], cache=cache, use_cache=True)
+
+    def bare():
+        target(input_ids=tokens, cache=cache, use_cache=True)
+        cache.crop(-n)
+
+    adapter = target_adapter(target, output_hidden_states=True)  # DFlash reads the hidden states
+    adapter.prefill(as_prompt_batch(context[None], special_ids(target)[0]))
+    none = torch.zeros(1, dtype=torch.long)
+
+    def minispec():
+        adapter.forward(tokens)
+        adapter.rollback(none, n)
+
+    return timed(bare, repeats)[0], timed(minispec, repeats)[0]
+
+
+def bench_forward(args) -> list[dict]:
+    """C(n) / C(1), a forward over n new tokens against a one-token forward, bare and as minispec's loops pay
+    it, at 1 and 2 threads, after the first benchmark prompt's context: how far a verify window of n tokens
+    is from the cost of one decode step on this machine, and how much of that minispec adds."""
+    model, tokenizer = ms.load_target(args.target, dtype=getattr(torch, args.dtype))
+    context = bench_prompts(tokenizer)[0]
+    rows = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        timed_n = {n: forward_costs(model, context, n, args.repeats) for n in sorted({1, *args.tokens})}
+        (bare_1, ours_1) = timed_n[1]
+        rows += [{"model": str(args.target), "dtype": args.dtype, "threads": threads, "context": len(context), "n": n,
+                  "bare_ms": round(1000 * bare, 2), "minispec_ms": round(1000 * ours, 2),
+                  "bare_ratio": round(bare / bare_1, 3), "minispec_ratio": round(ours / ours_1, 3),
+                  "minispec_over_bare": round(ours / bare, 3)} for n, (bare, ours) in timed_n.items()]
+    return rows

@@ -48,6 +48,7 @@ from minispec.speculative.batch import as_prompt_batch
 from minispec.speculative.drafter import Sampling
 from minispec.speculative.stats import SpecStats
 from minispec.speculative.target import target_adapter
+from minispec.training import weights_digest
 
 DFLASH_DRAFTERS = {"bolt-mini": "bolt-mini-dflash", "smollm2-135m": "smollm2-135m-dflash"}
 DRAFT_LMS = {"bolt-mini": "bolt-nano"}  # the draft model of Hugging Face's assisted decoding, per target
@@ -130,7 +131,8 @@ def acceptance_rows(target, drafter_name: str, drafters: dict, prompts, max_new_
                 progress(f"argmax ceiling T = {temperature}")
                 ceiling = argmax_ceiling(target, prompts[::every], continuations[::every], temperature,
                                          K=drafter.num_draft_tokens)
-            row = {"drafter": drafter_name, "policy": policy, "T": temperature, "prompts": len(prompts),
+            row = {"drafter": drafter_name, "drafter_weights": weights_digest(drafter.model), "policy": policy,
+                   "T": temperature, "prompts": len(prompts),
                    "max_new_tokens": max_new_tokens, "tau": round(stats.tau, 3),
                    "argmax_ceiling_tau": round(ceiling, 3),
                    "draft_vocab_coverage": round(draft_vocab_coverage(drafter, continuations), 4)}

@@ -142,3 +142,36 @@ def test_acceptance_length_counts_the_leading_hits_of_each_block():
     assert n == 3 and tau == pytest.approx((3 + 1 + 3) / 3)
     tau, n = mask.acceptance_length(logits, labels, weights, torch.tensor([[True, False, False]]))
     assert n == 1 and tau == 3
+
+
+def test_compare_sets_runs_side_by_side_and_refuses_records_without_tau(tmp_path):
+    import json
+
+    from minispec.dflash import compare
+    from minispec.lessons.dflash import training_story
+
+    def record(folder, tau, cpu, **settings):
+        folder.mkdir()
+        s = {"init_from_target": False, "distill": 0.0, "num_layers": 0, "block_size": 0, "num_anchors": 32,
+             "steps": 100, "train_shards": 6} | settings
+        (folder / "training.json").write_text(json.dumps({
+            "settings": s, "parameters": 5, "loss_history_every_10": [70.0, 9.0], "final_train_loss_avg100": 6.0,
+            "val_loss": 6.5, "val_weighted_accuracy": 0.1, "val_tau_greedy_blocks": tau, "cpu_seconds": cpu,
+            "command": "python -m minispec.dflash.train"}))
+        return folder
+
+    runs = [record(tmp_path / "random", 1.1, 1800), record(tmp_path / "init", 1.3, 1800, init_from_target=True)]
+    compare.main([*map(str, runs), "--out", str(tmp_path / "c.json")])
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert [r["run"] for r in result["rows"]] == ["random", "init"]
+    assert result["rows"][1]["tau_gain_per_cpu_hour"] == pytest.approx(0.6)  # (1.3 - 1) / 0.5 h
+    assert result["rows"][0]["first_loss"] == 70.0 and result["command"].startswith("python -m minispec.dflash.compare")
+    assert len(training_story(result, shipped="init").axes[0].lines) == 3  # two runs and the tau = 1 line
+
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "training.json").write_text(json.dumps({"val_tau_greedy_blocks": None, "cpu_seconds": None}))
+    with pytest.raises(ValueError, match="no held-out tau"):
+        compare.run_row(old)
+    with pytest.raises(FileNotFoundError, match="training.json"):
+        compare.run_row(tmp_path / "nowhere")

@@ -459,6 +459,7 @@ def main(argv: list[str] | None = None) -> None:
                      else f"{len(val)} greedy replies of up to {s.reply_len} tokens to val-split prompts"),
         "loss_history_every_10": [h["loss"] for h in history[::10]],
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cpu_seconds": round(time.process_time(), 1),  # the whole process, every thread: loading and evaluation too
         "previous_stage": previous,  # the run this one started from (--init-from), or None
     }
 

@@ -243,3 +243,29 @@ def live_training(target, tokenizer, steps: int = 40, eval_every: int = 10, repl
 
     train(model, target, data, s, work_dir or tempfile.mkdtemp(), on_step=on_step, desc="live dflash")
     return model, log
+
+
+def training_story(result: Mapping, shipped: str | None = None):
+    """Held-out greedy τ against the CPU-hours each training run cost, one point per run of a
+    `python -m minispec.dflash.compare` result (e.g. `ms.load_result("smollm2-135m-dflash-runs")`), labelled by
+    what it changed; `shipped` names the run that ships (drawn as a star). Runs of a pair share the data, seed
+    and held-out rows, so a point above another at the same CPU bought τ with a choice, not with time."""
+    rows = result["rows"]
+    if not rows:
+        raise ValueError("training_story needs the rows of a minispec.dflash.compare result")
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for row in rows:
+        star = row["run"] == shipped
+        ax.plot([row["cpu_hours"]], [row["val_tau"]], "*" if star else "o", ms=16 if star else 8,
+                color="#e6550d" if star else "#3182bd", mec="black", mew=0.5)
+        ax.annotate(row["run"], (row["cpu_hours"], row["val_tau"]), xytext=(7, 3), textcoords="offset points",
+                    fontsize=8)
+    ax.axhline(1, color="0.4", ls=":", lw=1.2)
+    ax.set_xlim(0, max(r["cpu_hours"] for r in rows) * 1.35)
+    ax.set_ylim(0.95, max(r["val_tau"] for r in rows) * 1.1)
+    ax.set_xlabel("CPU-hours of training (the whole process: loading and evaluation too)")
+    ax.set_ylabel("held-out greedy τ (drafted blocks)")
+    ax.set_title("what each training choice bought, per CPU-hour")
+    fig.tight_layout()
+    return fig

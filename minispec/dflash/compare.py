@@ -1,0 +1,56 @@
+"""Paired DFlash training runs side by side: `python -m minispec.dflash.compare RUN [RUN ...] --out FILE.json`.
+
+Each RUN is the folder `python -m minispec.dflash.train` saved (its training.json records the settings, the
+held-out metrics and the CPU time of the whole process). The table sets each run's first and last training
+loss, held-out loss, weighted accuracy and greedy τ (`mask.acceptance_length` over the held-out replies' blocks)
+beside its CPU-hours, and (τ − 1) per CPU-hour: what a choice buys for the CPU it costs. Runs are paired when
+they share the data, the seed and the held-out rows; the table names the settings in which they differ.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from minispec.results import machine
+
+CHOICES = ("init_from_target", "distill", "num_layers", "block_size", "num_anchors", "steps", "train_shards")
+
+
+def run_row(folder: Path) -> dict:
+    """One run's row from its training.json."""
+    path = Path(folder) / "training.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: name the folder `python -m minispec.dflash.train` saved")
+    record = json.loads(path.read_text())
+    if record.get("val_tau_greedy_blocks") is None or record.get("cpu_seconds") is None:
+        raise ValueError(f"{path} has no held-out tau or CPU time: it was trained on another data set or by an "
+                         "older version; retrain it with --data sharegpt")
+    hours = record["cpu_seconds"] / 3600
+    tau = record["val_tau_greedy_blocks"]
+    return {"run": Path(folder).name, **{k: record["settings"][k] for k in CHOICES},
+            "parameters": record["parameters"], "first_loss": round(record["loss_history_every_10"][0], 3),
+            "final_train_loss": round(record["final_train_loss_avg100"], 3), "val_loss": round(record["val_loss"], 3),
+            "val_accuracy": round(record["val_weighted_accuracy"], 4), "val_tau": round(tau, 3),
+            "cpu_hours": round(hours, 3), "tau_gain_per_cpu_hour": round((tau - 1) / hours, 3),
+            "command": record["command"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m minispec.dflash.compare", description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN")
+    p.add_argument("--out", type=Path, help="write the rows as JSON here")
+    a = p.parse_args(argv)
+    rows = [run_row(folder) for folder in a.runs]
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items() if k != "command"))
+    if a.out is not None:
+        command = "python -m minispec.dflash.compare " + shlex.join(sys.argv[1:] if argv is None else argv)
+        a.out.write_text(json.dumps({"command": command, "machine": machine(), "rows": rows}, indent=1))
+        print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -81,3 +81,21 @@ def test_forward_costs_time_the_same_window_both_ways():
     context = ms.load_evalset().prompts[0]
     bare, ours = forward_costs(model, context, 5, repeats=1)
     assert bare > 0 and ours > 0
+
+
+def test_served_model_counts_a_tied_head_as_read_and_an_untied_embedding_as_looked_up():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from minispec.bench.decoding import served_model
+
+    def llama(tied):
+        return LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied))
+
+    tied, untied = llama(True), llama(False)
+    n_tied = sum(p.numel() for p in tied.parameters())
+    m = served_model(tied)
+    assert m.weight_bytes == m.active_weight_bytes == 4 * n_tied and m.flops_per_token == 2 * n_tied
+    u = served_model(untied)
+    assert u.active_weight_bytes == u.weight_bytes - 4 * 1000 * 64  # the embedding rows are looked up, not read
+    assert m.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4  # layers x (K, V) x kv heads x head_dim x float32

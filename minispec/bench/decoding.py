@@ -17,6 +17,7 @@ decoding loop's own work (sampling, verification, bookkeeping) and the prefills.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -194,19 +195,58 @@ def forward_costs(target, context: torch.Tensor, n: int, repeats: int) -> tuple[
     return timed(bare, repeats)[0], timed(minispec, repeats)[0]
 
 
+def measured_roofline(repeats: int = 3) -> costs.Accelerator:
+    """This CPU at torch's current thread count, as the roofline sees it: float32 FLOP/s of a 2048^3 matmul and
+    the bytes/s of copying 256 MB (read + write), each the best of `repeats`, timed apart from any model."""
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    matmul = timed(lambda: a @ b, repeats)[0]
+    src = torch.empty(64 * 2**20)  # 256 MB of float32: far past any cache
+    dst = torch.empty_like(src)
+    copy = timed(lambda: dst.copy_(src), repeats)[0]
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return costs.Accelerator(f"this CPU, {torch.get_num_threads()} threads", memory, 2 * src.nbytes / copy,
+                             2 * 2048**3 / matmul)
+
+
+def served_model(model) -> costs.ServedModel:
+    """A dense Hugging Face causal LM as the roofline sees it: every weight read once per forward (a tied head
+    reads the embedding table whole; an untied model's embedding is only looked up), 2 FLOPs per weight it
+    multiplies, per token, and the KV cache of every layer."""
+    numel = sum(p.numel() for p in model.parameters())
+    lookup = 0 if model.config.tie_word_embeddings else model.get_input_embeddings().weight.numel()
+    size = next(model.parameters()).element_size()
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return costs.ServedModel(type(model).__name__, numel * size, (numel - lookup) * size, 2 * (numel - lookup),
+                             kv_bytes_per_token=cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * size)
+
+
 def bench_forward(args) -> list[dict]:
     """C(n) / C(1), a forward over n new tokens against a one-token forward, bare and as minispec's loops pay
     it, at 1 and 2 threads, after the first benchmark prompt's context: how far a verify window of n tokens
-    is from the cost of one decode step on this machine, and how much of that minispec adds."""
+    is from the cost of one decode step on this machine, and how much of that minispec adds. Beside them the
+    roofline's prediction from this CPU's separately measured FLOP/s and bandwidth (`measured_roofline`), and
+    an H200's for the same model in bfloat16 (`minispec.costs.H200`)."""
     model, tokenizer = ms.load_target(args.target, dtype=getattr(torch, args.dtype))
     context = bench_prompts(tokenizer)[0]
+    served, L = served_model(model), len(context)
+    h200 = served_model(ms.load_target(args.target, dtype=torch.bfloat16)[0])
+
+    def ratio(hw, m, n):
+        return costs.forward_seconds(m, hw, 1, n, L) / costs.forward_seconds(m, hw, 1, 1, L)
+
     rows = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
+        cpu = measured_roofline()
         timed_n = {n: forward_costs(model, context, n, args.repeats) for n in sorted({1, *args.tokens})}
         (bare_1, ours_1) = timed_n[1]
-        rows += [{"model": str(args.target), "dtype": args.dtype, "threads": threads, "context": len(context), "n": n,
+        rows += [{"model": str(args.target), "dtype": args.dtype, "threads": threads, "context": L, "n": n,
                   "bare_ms": round(1000 * bare, 2), "minispec_ms": round(1000 * ours, 2),
                   "bare_ratio": round(bare / bare_1, 3), "minispec_ratio": round(ours / ours_1, 3),
-                  "minispec_over_bare": round(ours / bare, 3)} for n, (bare, ours) in timed_n.items()]
+                  "minispec_over_bare": round(ours / bare, 3), "roofline_ms": round(
+                      1000 * costs.forward_seconds(served, cpu, 1, n, L), 2),
+                  "roofline_ratio": round(ratio(cpu, served, n), 3), "cpu_gflops": round(cpu.flops / 1e9, 1),
+                  "cpu_gb_per_s": round(cpu.bandwidth / 1e9, 1), "h200_ratio": round(ratio(costs.H200, h200, n), 3)}
+                 for n, (bare, ours) in timed_n.items()]
     return rows

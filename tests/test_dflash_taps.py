@@ -1,6 +1,8 @@
 """The stored taps (minispec.dflash.taps) and what trains from them: they are the live target's states, the
 job resumes without recomputing a shard, distillation from the stored final states equals distillation from
 the live target's logits, and `init_from_target` starts the drafter from the target's last layer."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -125,12 +127,17 @@ def test_training_from_stored_taps_learns_resumes_and_measures_tau(target, tmp_p
     whole = new_drafter(target)
     history = train(whole, target, train_set, s, tmp_path / "whole")
     assert history[-1]["loss"] < history[0]["loss"]
+    first = history[0]["loss"]
     parts = new_drafter(target)
     train(parts, target, train_set, s, tmp_path / "parts", stop_after=4)
     train(parts, target, train_set, s, tmp_path / "parts")
     assert weights_digest(parts) == weights_digest(whole)
     metrics = evaluate(whole, target, heldout, s)
     assert 1.0 <= metrics["tau"] <= 4.0 and 0 <= metrics["accuracy"] <= 1
+
+    mixed = new_drafter(target)  # bfloat16 matmuls: another path, still learning and still resumable
+    history = train(mixed, target, train_set, replace(s, mixed_precision=True), tmp_path / "mixed")
+    assert history[-1]["loss"] < history[0]["loss"] and abs(history[0]["loss"] - first) < 0.05 * first
 
 
 def test_acceptance_length_counts_the_leading_hits_of_each_block():

@@ -28,7 +28,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow: t
     v = v.repeat_interleave(group, dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
     allow = allow[:, None]  # [B, 1, Q, K], the same for every head
-    scores = scores.masked_fill(~allow, torch.finfo(torch.float32).min)
+    scores = scores.masked_fill(~allow, torch.finfo(scores.dtype).min)
     probs = scores.softmax(dim=-1) * allow.any(dim=-1, keepdim=True)
     return torch.einsum("bhqk,bkhd->bqhd", probs, v.float()).to(q.dtype)
 

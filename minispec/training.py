@@ -192,10 +192,11 @@ def save_state(path: Path, modules: dict, step: int, history: list, settings: di
 
 
 def running_means(history: list, window: int = 20) -> dict[str, str]:
-    """The progress bar's numbers: the mean of each number in the last `window` records."""
+    """The progress bar's numbers: the mean of each number every one of the last `window` records has (a hook
+    may add an occasional evaluation to a record: that is not a running number)."""
     rows = [r if isinstance(r, dict) else {"loss": r} for r in history[-window:]]
     return {k: f"{sum(r[k] for r in rows) / len(rows):.4f}" for k, v in rows[-1].items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and all(k in r for r in rows)}
 
 
 class Step(torch.nn.Module):

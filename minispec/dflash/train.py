@@ -76,6 +76,7 @@ class Settings(training.Settings):
     gamma: float = 4.0  # loss decay exp(-(k-1)/gamma); 4 for B = 8
     distill: float = 0.5  # weight of the soft-label loss against the target (0: hard labels only)
     eval_replies: int = 32  # greedy replies to val-split prompts
+    eval_every: int = 0  # also evaluate every this many steps (the training story's curve); 0: at the end only
     cache_features: bool = False  # run the target once over the replies and train from its stored taps
     draft_vocab: int = 0  # draft over this many most frequent reply tokens; 0: the target's whole vocabulary
     # "replies": the target's replies to this project's instruction prompts, generated and cached here;
@@ -90,9 +91,9 @@ class Settings(training.Settings):
     mixed_precision: bool = False
     block_size: int = 0  # B; 0: the target's drafter config's
 
-    BOOKKEEPING = training.Settings.BOOKKEEPING | {"eval_replies"}
+    BOOKKEEPING = training.Settings.BOOKKEEPING | {"eval_replies", "eval_every"}
     ZERO_ALLOWED = training.Settings.ZERO_ALLOWED | {"greedy_replies", "sampled_replies", "distill", "draft_vocab",
-                                                     "train_shards", "num_layers", "block_size"}
+                                                     "train_shards", "num_layers", "block_size", "eval_every"}
     DATA = ("replies", "sharegpt")
 
     def __post_init__(self):
@@ -439,7 +440,13 @@ def main(argv: list[str] | None = None) -> None:
                                    split="val")
     target.to(distributed.device())  # this process's GPU when there are GPUs; the drafter shares its embedding
     drafter.to(distributed.device())
-    history = train(drafter, target, dataset, s, work_dir, must_match=must_match)
+    def evaluate_every(step: int, record: dict) -> None:
+        # Into the step's record, which the resumable state keeps: a resumed run keeps its curve.
+        if s.eval_every and (step + 1) % s.eval_every == 0 and distributed.is_main():
+            record.update({f"val_{k}": v for k, v in evaluate(drafter, target, val, s).items()},
+                          cpu_seconds=time.process_time())
+
+    history = train(drafter, target, dataset, s, work_dir, must_match=must_match, on_step=evaluate_every)
     metrics = evaluate(drafter, target, val, s)
     drafter.to("cpu", torch.bfloat16)  # bf16 on disk, like every shipped checkpoint
     recent = history[-100:]
@@ -462,6 +469,8 @@ def main(argv: list[str] | None = None) -> None:
         "val_data": (f"the first {min(len(val), s.eval_replies)} held-out ShareGPT replies" if s.data == "sharegpt"
                      else f"{len(val)} greedy replies of up to {s.reply_len} tokens to val-split prompts"),
         "loss_history_every_10": [h["loss"] for h in history[::10]],
+        "val_history": [{"step": i + 1, **{k: v for k, v in h.items() if k.startswith("val_") or k == "cpu_seconds"}}
+                        for i, h in enumerate(history) if "val_loss" in h],  # cpu_seconds of this process
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "cpu_seconds": round(time.process_time(), 1),  # the whole process, every thread: loading and evaluation too
         "previous_stage": previous,  # the run this one started from (--init-from), or None

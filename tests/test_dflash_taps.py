@@ -168,12 +168,16 @@ def test_compare_sets_runs_side_by_side_and_refuses_records_without_tau(tmp_path
         return folder
 
     runs = [record(tmp_path / "random", 1.1, 1800), record(tmp_path / "init", 1.3, 1800, init_from_target=True)]
+    curve = json.loads((runs[1] / "training.json").read_text()) | {"val_history": [
+        {"step": 50, "val_tau": 1.05, "cpu_seconds": 900.0}, {"step": 100, "val_tau": 1.3, "cpu_seconds": 1800.0}]}
+    (runs[1] / "training.json").write_text(json.dumps(curve))
     compare.main([*map(str, runs), "--out", str(tmp_path / "c.json")])
     result = json.loads((tmp_path / "c.json").read_text())
     assert [r["run"] for r in result["rows"]] == ["random", "init"]
     assert result["rows"][1]["tau_gain_per_cpu_hour"] == pytest.approx(0.6)  # (1.3 - 1) / 0.5 h
     assert result["rows"][0]["first_loss"] == 70.0 and result["command"].startswith("python -m minispec.dflash.compare")
-    assert len(training_story(result, shipped="init").axes[0].lines) == 3  # two runs and the tau = 1 line
+    assert result["rows"][1]["curve"] == [[0.25, 1.05], [0.5, 1.3]] and result["rows"][0]["curve"] == []
+    assert len(training_story(result, shipped="init").axes[0].lines) == 4  # two runs, one curve, the tau = 1 line
 
     old = tmp_path / "old"
     old.mkdir()

@@ -3,7 +3,8 @@
 Each RUN is the folder `python -m minispec.dflash.train` saved (its training.json records the settings, the
 held-out metrics and the CPU time of the whole process). The table sets each run's first and last training
 loss, held-out loss, weighted accuracy and greedy τ (`mask.acceptance_length` over the held-out replies' blocks)
-beside its CPU-hours, and (τ − 1) per CPU-hour: what a choice buys for the CPU it costs. Runs are paired when
+beside its CPU-hours, and (τ − 1) per CPU-hour: what a choice buys for the CPU it costs; a run evaluated while
+it trained (`--eval-every`) brings its curve of held-out τ against CPU-hours. Runs are paired when
 they share the data, the seed and the held-out rows; the table names the settings in which they differ.
 """
 from __future__ import annotations
@@ -35,6 +36,8 @@ def run_row(folder: Path) -> dict:
             "final_train_loss": round(record["final_train_loss_avg100"], 3), "val_loss": round(record["val_loss"], 3),
             "val_accuracy": round(record["val_weighted_accuracy"], 4), "val_tau": round(tau, 3),
             "cpu_hours": round(hours, 3), "tau_gain_per_cpu_hour": round((tau - 1) / hours, 3),
+            "curve": [[round(h["cpu_seconds"] / 3600, 4), round(h["val_tau"], 4)]
+                      for h in record.get("val_history", [])],
             "command": record["command"]}
 
 
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     rows = [run_row(folder) for folder in a.runs]
     for row in rows:
-        print("  ".join(f"{k}={v}" for k, v in row.items() if k != "command"))
+        print("  ".join(f"{k}={v}" for k, v in row.items() if k not in ("command", "curve")))
     if a.out is not None:
         command = "python -m minispec.dflash.compare " + shlex.join(sys.argv[1:] if argv is None else argv)
         a.out.write_text(json.dumps({"command": command, "machine": machine(), "rows": rows}, indent=1))

@@ -248,14 +248,18 @@ def live_training(target, tokenizer, steps: int = 40, eval_every: int = 10, repl
 def training_story(result: Mapping, shipped: str | None = None):
     """Held-out greedy τ against the CPU-hours each training run cost, one point per run of a
     `python -m minispec.dflash.compare` result (e.g. `ms.load_result("smollm2-135m-dflash-runs")`), labelled by
-    what it changed; `shipped` names the run that ships (drawn as a star). Runs of a pair share the data, seed
-    and held-out rows, so a point above another at the same CPU bought τ with a choice, not with time."""
+    what it changed, and a line through the evaluations of a run that was evaluated while it trained; `shipped`
+    names the run that ships (drawn as a star). Runs of a pair share the data, seed and held-out rows, so a point
+    above another at the same CPU bought τ with a choice, not with time."""
     rows = result["rows"]
     if not rows:
         raise ValueError("training_story needs the rows of a minispec.dflash.compare result")
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
     for row in rows:
+        if row.get("curve"):
+            hours, taus = zip(*row["curve"])
+            ax.plot(hours, taus, "-", color="#e6550d" if row["run"] == shipped else "#9ecae1", lw=1.5, zorder=1)
         star = row["run"] == shipped
         ax.plot([row["cpu_hours"]], [row["val_tau"]], "*" if star else "o", ms=16 if star else 8,
                 color="#e6550d" if star else "#3182bd", mec="black", mew=0.5)

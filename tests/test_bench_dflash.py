@@ -22,8 +22,8 @@ from minispec.drafters import NGramDrafter
 from minispec.speculative.drafter import Sampling
 from minispec.targets import mtbench, smollm2
 
-ACCEPTANCE_COLUMNS = ["target", "drafter", "policy", "T", "prompts", "max_new_tokens", "tau", "argmax_ceiling_tau",
-                      "draft_vocab_coverage", *[f"acc_{k}" for k in range(1, 8)]]
+ACCEPTANCE_COLUMNS = ["target", "drafter", "drafter_weights", "policy", "T", "prompts", "max_new_tokens", "tau",
+                      "argmax_ceiling_tau", "draft_vocab_coverage", *[f"acc_{k}" for k in range(1, 8)]]
 TIMING_COLUMNS = ["target", "method", "T", "K", "prompts", "tau", "tokens_per_s", "speedup", "speedup_vs", "C_t_ms",
                   "C_d_ms", "C_v_ms", "predicted_speedup", "cycle_ms", "overhead_ms", "identical_to_ar"]
 

@@ -113,7 +113,7 @@ SETTINGS = {
     # `python -m minispec.dflash.taps`), never MT-Bench; lr 3e-3 beat 1e-3 in a paired 150-step probe (held-out
     # tau 1.19 vs 1.15); initialisation from the target, distillation, 2 layers and B = 4 bought no held-out tau
     # in paired 120-step runs (docs/benchmarks.md), so the cheapest of them ships.
-    "smollm2-135m": Settings(data="sharegpt", steps=3600, batch=8, lr=3e-3, warmup=100, num_anchors=32, distill=0.0,
+    "smollm2-135m": Settings(data="sharegpt", steps=2000, batch=8, lr=3e-3, warmup=100, num_anchors=32, distill=0.0,
                              init_from_target=True, mixed_precision=True, draft_vocab=8192, eval_replies=128,
                              eval_every=400, ckpt_every=200),
 }

@@ -20,14 +20,33 @@ import torch
 import minispec as ms
 from minispec.bench.timing import timed
 from minispec.cli import non_negative_int, positive_int, temperature
+from minispec.results import load_result
 from minispec.speculative.autoregressive import check_generation_args
+from minispec.training import weights_digest
 from minispec.viz import AnsiStrip
 
 # The drafter each target runs by default: SmolLM2's own DFlash drafter; on bolt-mini the n-gram drafter,
 # the fastest there (its DFlash drafter accepts more, but bolt-mini's forward is too cheap to pay for it).
 DEFAULT_DRAFTERS = {"smollm2-135m": "smollm2-135m-dflash", "bolt-mini": "ngram"}
-# The MT-Bench question the demo asks SmolLM2 by default.
+# The MT-Bench question the demo asks SmolLM2 by default (fixed: never chosen by how well it goes).
 DEFAULT_QUESTION = 0
+# The shipped drafters' acceptance on all of MT-Bench, measured by `python -m minispec.bench dflash`: one question
+# is one sample, so the demo sets the whole benchmark beside it.
+BENCHMARKS = {"smollm2-135m-dflash": "smollm2-135m-dflash-mtbench"}
+
+
+def benchmark_line(drafter_name: str, drafter) -> str | None:
+    """τ over the whole benchmark from the shipped result of `drafter_name`, or None if none ships for it."""
+    if drafter_name not in BENCHMARKS:
+        return None
+    result = load_result(BENCHMARKS[drafter_name])
+    rows = [r for r in result["rows"] if "policy" in r]
+    if rows[0]["drafter_weights"] != weights_digest(drafter.model):
+        raise ValueError(f"minispec/results/{BENCHMARKS[drafter_name]}.json was measured with other weights than "
+                         f"the shipped {drafter_name}: rerun `{result['command']}`")
+    taus = ", ".join(f"{r['tau']:.2f} at T = {r['T']:g}" + ("" if r["policy"] == "both" else f" ({r['policy']})")
+                     for r in rows)
+    return f"--- over all {rows[0]['prompts']} MT-Bench first turns ({result['command']}): τ = {taus}"
 
 
 def load_prompt(tokenizer, index: int | None) -> tuple[torch.Tensor, str, str]:
@@ -82,6 +101,9 @@ def demo(args) -> None:
     if args.temperature == 0:
         same = torch.equal(spec.tokens[0, :n_spec], ar.tokens[0, :n_ar])
         print(f"--- greedy speculative output {'equals' if same else 'DIFFERS FROM'} autoregressive output")
+    whole = benchmark_line(drafter_name, drafter)
+    if whole is not None:
+        print(whole)
 
 
 def main(argv: list[str] | None = None) -> None:

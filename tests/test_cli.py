@@ -11,6 +11,7 @@ import torch
 
 import minispec as ms
 from minispec.__main__ import main
+from minispec.results import load_result
 from minispec.targets import smollm2
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +36,21 @@ def test_demo_runs_smollm2_with_its_dflash_drafter_on_mt_bench():
     assert "drafter smollm2-135m-dflash" in out and "MT-Bench question #" in out
     assert "τ = " in out and "per-position acceptance" in out and "tokens/s vs autoregressive" in out
     assert "greedy speculative output equals autoregressive output" in out
+    # Beside one question, the shipped drafter's tau over all of MT-Bench, from the shipped benchmark
+    rows = [r for r in load_result("smollm2-135m-dflash-mtbench")["rows"] if "policy" in r]
+    assert rows[0]["prompts"] == 80 and f"τ = {rows[0]['tau']:.2f} at T = 0" in out
+
+
+@pytest.mark.slow
+def test_demo_refuses_a_benchmark_of_other_weights(monkeypatch):
+    import minispec.__main__ as demo
+
+    real = demo.load_result
+    monkeypatch.setattr(demo, "load_result", lambda name: json.loads(json.dumps(real(name)).replace(
+        real(name)["rows"][0]["drafter_weights"], "0" * 16)))
+    model, _ = ms.load_target("smollm2-135m")
+    with pytest.raises(ValueError, match="measured with other weights"):
+        demo.benchmark_line("smollm2-135m-dflash", ms.load_drafter("smollm2-135m-dflash", model))
 
 
 def test_demo_passes_the_loaders_error_through(monkeypatch):

@@ -13,11 +13,14 @@ import argparse
 import json
 import shlex
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
+from minispec.dflash.train import Settings
 from minispec.results import machine
 
-CHOICES = ("init_from_target", "distill", "num_layers", "block_size", "num_anchors", "steps", "train_shards")
+CHOICES = ("init_from_target", "distill", "num_layers", "block_size", "num_anchors", "lr", "mixed_precision", "steps",
+           "train_shards")
 
 
 def run_row(folder: Path) -> dict:
@@ -31,7 +34,8 @@ def run_row(folder: Path) -> dict:
                          "older version; retrain it with --data sharegpt")
     hours = record["cpu_seconds"] / 3600
     tau = record["val_tau_greedy_blocks"]
-    return {"run": Path(folder).name, **{k: record["settings"][k] for k in CHOICES},
+    defaults = asdict(Settings())  # a setting added since a run was made had its default then
+    return {"run": Path(folder).name, **{k: record["settings"].get(k, defaults[k]) for k in CHOICES},
             "parameters": record["parameters"], "first_loss": round(record["loss_history_every_10"][0], 3),
             "final_train_loss": round(record["final_train_loss_avg100"], 3), "val_loss": round(record["val_loss"], 3),
             "val_accuracy": round(record["val_weighted_accuracy"], 4), "val_tau": round(tau, 3),

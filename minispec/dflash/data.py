@@ -184,6 +184,12 @@ def read_shard(path: Path) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
+def rows_of(shard: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The samples of a shard, each prompt ++ reply as int64 token ids."""
+    ends = np.cumsum(shard["prompt_lengths"] + shard["reply_lengths"])
+    return np.split(shard["tokens"].astype(np.int64), ends[:-1])
+
+
 def disk_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
 
@@ -199,8 +205,7 @@ def load_replies(folder: Path, split: str, pad_id: int) -> Replies:
     rows, prompts = [], []
     for path in paths:
         shard = read_shard(path)
-        ends = np.cumsum(shard["prompt_lengths"] + shard["reply_lengths"])
-        rows += np.split(shard["tokens"].astype(np.int64), ends[:-1])
+        rows += rows_of(shard)
         prompts += shard["prompt_lengths"].tolist()
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)

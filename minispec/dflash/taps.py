@@ -38,6 +38,7 @@ from minispec.dflash import data
 from minispec.dflash.config import smollm2_dflash_config
 from minispec.files import cache_dir
 from minispec.targets.load import load_target
+from minispec.targets.replies import batch_rows
 from minispec.training import weights_digest
 
 TOKENS_PER_BATCH = 4096  # padded tokens per target forward
@@ -57,12 +58,6 @@ def to_bits(x: torch.Tensor) -> np.ndarray:
 
 def from_bits(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(x).view(np.int16)).view(torch.bfloat16)  # a copy: memory maps are read-only
-
-
-def rows_of(shard: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """The samples of a shard, each prompt ++ reply as int64 token ids."""
-    ends = np.cumsum(shard["prompt_lengths"] + shard["reply_lengths"])
-    return np.split(shard["tokens"].astype(np.int64), ends[:-1])
 
 
 @torch.no_grad()
@@ -105,12 +100,12 @@ def build(target, layer_ids: list[int], replies: Path, out: Path, splits=data.SP
     if not paths:
         raise FileNotFoundError(f"no reply shards in {replies}: make them with `python -m minispec.dflash.data`")
     todo = [p for p in paths if not (out / f"{p.stem}.final.npy").exists()]
-    tokens = {p: int(sum(len(r) for r in rows_of(data.read_shard(p)))) for p in todo}
+    tokens = {p: len(data.read_shard(p)["tokens"]) for p in todo}
     bar = tqdm(total=sum(tokens.values()), unit="tok", desc=f"target taps ({len(paths) - len(todo)} of "
                                                             f"{len(paths)} shards done)")
     for path in todo:
         started = time.perf_counter()
-        taps, final = shard_states(target, layer_ids, rows_of(data.read_shard(path)))
+        taps, final = shard_states(target, layer_ids, data.rows_of(data.read_shard(path)))
         for name, array in ((f"{path.stem}.taps.npy", taps), (f"{path.stem}.final.npy", final)):
             with open(out / f"{name}.tmp", "wb") as f:  # .final last: its presence marks a finished shard
                 np.save(f, to_bits(array))
@@ -168,9 +163,14 @@ class TapSet:
                           for t, starts, prompt, reply in zip(self.tokens, self.starts, self.prompt, self.reply)
                           for a, P, R in zip(starts, prompt, reply)])
 
+    def locate(self, i: int) -> tuple[int, int]:
+        """(shard, sample within it) of sample i of the split."""
+        s = bisect.bisect_right(self.first, i) - 1
+        return s, i - self.first[s]
+
     def rows(self, index: list[int], pad_id: int = 0) -> Batch:
         """The samples `index` as one right-padded batch."""
-        where = [(s := bisect.bisect_right(self.first, i) - 1, i - self.first[s]) for i in index]
+        where = [self.locate(i) for i in index]
         lengths = [int(self.prompt[s][j] + self.reply[s][j]) for s, j in where]
         B, S = len(index), max(lengths)
         ids = torch.full((B, S), pad_id, dtype=torch.long)
@@ -188,15 +188,14 @@ class TapSet:
 
     def batch(self, size: int, seed: int, step: int, pad_id: int = 0) -> Batch:
         """`size` samples drawn by (seed, step), so a resumed run sees the same batches."""
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        return self.rows(torch.randint(0, len(self), (size,), generator=g).tolist(), pad_id)
+        return self.rows(batch_rows(len(self), size, seed, step).tolist(), pad_id)
 
     def tap_rms(self, num_rows: int = 256, seed: int = 0) -> torch.Tensor:
         """[n_taps * H] the root mean square of each feature over `num_rows` seeded samples, position 0 left out
         (the first position's states are an attention sink, hundreds of times larger than the rest)."""
         g = torch.Generator().manual_seed(seed)
         picked = torch.randint(0, len(self), (min(num_rows, len(self)),), generator=g).tolist()
-        where = [(s := bisect.bisect_right(self.first, i) - 1, i - self.first[s]) for i in picked]
+        where = [self.locate(i) for i in picked]
         x = torch.cat([from_bits(self.taps[s][int(self.starts[s][j]) + 1:
                                               int(self.starts[s][j] + self.prompt[s][j] + self.reply[s][j])])
                        for s, j in where]).float()

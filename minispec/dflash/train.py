@@ -56,7 +56,7 @@ from minispec.files import cache_dir
 from minispec.speculative.autoregressive import special_ids
 from minispec.targets import corpus, data
 from minispec.targets.load import load_target
-from minispec.targets.replies import Replies, concatenate, generate_replies, instruction_replies
+from minispec.targets.replies import Replies, batch_rows, concatenate, generate_replies, instruction_replies
 from minispec.training import weights_digest
 
 
@@ -146,8 +146,7 @@ def batch_at(dataset: torch.Tensor | Replies | TapFeatures | TapSet, s: Settings
         b = dataset.batch(s.batch, s.seed, step)
         return b.input_ids, b.loss_mask, b.features, b.final
     if isinstance(dataset, TapFeatures):
-        g = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
-        rows = torch.randint(0, len(dataset), (s.batch,), generator=g)
+        rows = batch_rows(len(dataset), s.batch, s.seed, step)
         S = int(dataset.lengths[rows].max())
         return (dataset.replies.input_ids[rows, :S], dataset.replies.loss_mask[rows, :S],
                 dataset.features[rows, :S], None)

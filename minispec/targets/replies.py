@@ -37,9 +37,15 @@ class Replies:
 
     def batch(self, size: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`size` rows drawn by (seed, step), so a resumed run sees the same batches."""
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        rows = torch.randint(0, len(self), (size,), generator=g)
+        rows = batch_rows(len(self), size, seed, step)
         return self.input_ids[rows], self.loss_mask[rows]
+
+
+def batch_rows(n: int, size: int, seed: int, step: int) -> torch.Tensor:
+    """[size] indices into n rows, drawn by (seed, step): every training set's batch of a step, so a resumed run
+    sees the same batches."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.randint(0, n, (size,), generator=g)
 
 
 def replies_dir() -> Path:

@@ -310,7 +310,7 @@ def init_from_target(drafter: DFlashDraftModel, target, tap_rms: torch.Tensor) -
     """
     if target.config.model_type != "llama":
         raise ValueError(f"init_from_target copies a Llama target's layers and norms; this target is "
-                         f"{target.config.model_type!r} (Gemma's norms, for one, scale by 1 + weight)")
+                         f"{target.config.model_type!r}, whose layers and norms it has not been checked against")
     layers = target.model.layers
     copied = []
     for i, layer in enumerate(drafter.layers):

@@ -175,6 +175,7 @@ def test_compare_sets_runs_side_by_side_and_refuses_records_without_tau(tmp_path
     result = json.loads((tmp_path / "c.json").read_text())
     assert [r["run"] for r in result["rows"]] == ["random", "init"]
     assert result["rows"][1]["tau_gain_per_cpu_hour"] == pytest.approx(0.6)  # (1.3 - 1) / 0.5 h
+    assert result["rows"][0]["tap_layers"] == ""  # a run made before the setting existed: the default taps
     assert result["rows"][0]["first_loss"] == 70.0 and result["command"].startswith("python -m minispec.dflash.compare")
     assert result["rows"][1]["curve"] == [[0.25, 1.05], [0.5, 1.3]] and result["rows"][0]["curve"] == []
     assert len(training_story(result, shipped="init").axes[0].lines) == 4  # two runs, one curve, the tau = 1 line
@@ -186,3 +187,11 @@ def test_compare_sets_runs_side_by_side_and_refuses_records_without_tau(tmp_path
         compare.run_row(old)
     with pytest.raises(FileNotFoundError, match="training.json"):
         compare.run_row(tmp_path / "nowhere")
+
+
+def test_tap_layers_setting_names_the_tapped_layers_or_refuses():
+    assert Settings(tap_layers="1,14,27").tap_layer_ids == [1, 14, 27]
+    assert Settings().tap_layer_ids == []  # the drafter config's own taps
+    for bad in ("1;14", "1,,14", "a,b", "-1,3"):
+        with pytest.raises(ValueError, match="comma-separated list of layer numbers"):
+            Settings(tap_layers=bad)

@@ -20,7 +20,7 @@ from minispec.dflash.train import Settings
 from minispec.results import machine
 
 CHOICES = ("init_from_target", "distill", "num_layers", "block_size", "num_anchors", "lr", "mixed_precision", "steps",
-           "train_shards")
+           "train_shards", "tap_layers")
 
 
 def run_row(folder: Path) -> dict:

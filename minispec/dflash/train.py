@@ -90,6 +90,7 @@ class Settings(training.Settings):
     # 1.7x the step speed on a CPU with AVX-512 BF16 (SmolLM2's drafter, one thread).
     mixed_precision: bool = False
     block_size: int = 0  # B; 0: the target's drafter config's
+    tap_layers: str = ""  # the target layers tapped, comma-separated (e.g. "1,14,27"); empty: the drafter config's
 
     BOOKKEEPING = training.Settings.BOOKKEEPING | {"eval_replies", "eval_every"}
     ZERO_ALLOWED = training.Settings.ZERO_ALLOWED | {"greedy_replies", "sampled_replies", "distill", "draft_vocab",
@@ -104,6 +105,13 @@ class Settings(training.Settings):
             raise ValueError(f"distill is the weight of the soft-label loss, in [0, 1]; got {self.distill}")
         if self.data not in self.DATA:
             raise ValueError(f"data must be one of {self.DATA}, got {self.data!r}")
+        if self.tap_layers and not all(part.strip().isdigit() for part in self.tap_layers.split(",")):
+            raise ValueError(f"tap_layers is a comma-separated list of layer numbers such as '1,14,27', "
+                             f"got {self.tap_layers!r}")
+
+    @property
+    def tap_layer_ids(self) -> list[int]:
+        return [int(part) for part in self.tap_layers.split(",")] if self.tap_layers else []
 
 
 # Per-target defaults; any field can be overridden on the command line.
@@ -400,7 +408,8 @@ def main(argv: list[str] | None = None) -> None:
     target, tok = load_target(a.target)
     freeze(target)
     torch.manual_seed(s.seed)
-    shape = {k: v for k, v in (("num_hidden_layers", s.num_layers), ("block_size", s.block_size)) if v}
+    shape = {k: v for k, v in (("num_hidden_layers", s.num_layers), ("block_size", s.block_size),
+                               ("target_layer_ids", s.tap_layer_ids)) if v}
     drafter = DFlashDraftModel.for_target(CONFIGS[a.target](draft_vocab_size=s.draft_vocab or None, **shape), target)
     if s.data == "sharegpt":
         folder = DATASETS / f"{a.target}-sharegpt"
@@ -415,11 +424,9 @@ def main(argv: list[str] | None = None) -> None:
             replies = training_replies(target, tok, s)
         reply_tokens = replies.input_ids[replies.loss_mask.bool()]
         train_data = f"corpus {corpus.data_hash(corpus.iter_files('train'))[:16]}, {len(replies)} replies"
-    coverage = 1.0
     if s.draft_vocab:
         eos = special_ids(target)[1]
         drafter.set_draft_vocab(frequent_tokens(reply_tokens, s.draft_vocab, always=() if eos is None else (eos,)))
-        coverage = float((drafter.to_draft_ids(reply_tokens) >= 0).float().mean())
     if s.init_from_target:
         init_from_target(drafter, target, dataset.tap_rms(seed=s.seed))
     previous = None
@@ -431,6 +438,8 @@ def main(argv: list[str] | None = None) -> None:
                              f"(it was trained for another target or configuration): {str(e)[:300]}") from None
         if (init_from / "training.json").is_file():
             previous = json.loads((init_from / "training.json").read_text())
+    # Measured after --init-from, whose draft vocabulary (that of the data it first trained on) is the one kept.
+    coverage = float((drafter.to_draft_ids(reply_tokens) >= 0).float().mean()) if s.draft_vocab else 1.0
     # What a resumed run must share with the saved one besides its settings: the target it trains against and
     # the weights it started from, by folder and by digest (the same folder rewritten since is another start).
     must_match = {"target": weights_digest(target), "init_from": None if init_from is None else str(init_from),

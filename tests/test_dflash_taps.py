@@ -180,6 +180,19 @@ def test_compare_sets_runs_side_by_side_and_refuses_records_without_tau(tmp_path
     assert result["rows"][1]["curve"] == [[0.25, 1.05], [0.5, 1.3]] and result["rows"][0]["curve"] == []
     assert len(training_story(result, shipped="init").axes[0].lines) == 4  # two runs, one curve, the tau = 1 line
 
+    second = json.loads((runs[1] / "training.json").read_text()) | {
+        "val_tau_greedy_blocks": 1.5, "cpu_seconds": 3600, "loss_history_every_10": [6.4],
+        "command": "python -m minispec.dflash.train --init-from init", "val_history": [
+            {"step": 200, "val_tau": 1.5, "cpu_seconds": 3600.0}]}
+    second["previous_stage"] = json.loads((runs[1] / "training.json").read_text())
+    (tmp_path / "stage2").mkdir()
+    (tmp_path / "stage2" / "training.json").write_text(json.dumps(second))
+    row = compare.run_row(tmp_path / "stage2")  # a second stage counts from the first stage's random start
+    assert (row["stages"], row["steps"], row["cpu_hours"], row["first_loss"]) == (2, 200, 1.5, 70.0)
+    assert row["curve"] == [[0.25, 1.05], [0.5, 1.3], [1.5, 1.5]]
+    assert row["tau_gain_per_cpu_hour"] == pytest.approx(0.5 / 1.5, abs=1e-3)
+    assert row["command"] == "python -m minispec.dflash.train && python -m minispec.dflash.train --init-from init"
+
     old = tmp_path / "old"
     old.mkdir()
     (old / "training.json").write_text(json.dumps({"val_tau_greedy_blocks": None, "cpu_seconds": None}))

@@ -4,7 +4,8 @@ Each RUN is the folder `python -m minispec.dflash.train` saved (its training.jso
 held-out metrics and the CPU time of the whole process). The table sets each run's first and last training
 loss, held-out loss, weighted accuracy and greedy τ (`mask.acceptance_length` over the held-out replies' blocks)
 beside its CPU-hours, and (τ − 1) per CPU-hour: what a choice buys for the CPU it costs; a run evaluated while
-it trained (`--eval-every`) brings its curve of held-out τ against CPU-hours. Runs are paired when
+it trained (`--eval-every`) brings its curve of held-out τ against CPU-hours, a run continued from another
+(`--init-from`) its stages' CPU-hours, steps and curves added up. Runs are paired when
 they share the data, the seed and the held-out rows; the table names the settings in which they differ.
 """
 from __future__ import annotations
@@ -32,17 +33,31 @@ def run_row(folder: Path) -> dict:
     if record.get("val_tau_greedy_blocks") is None or record.get("cpu_seconds") is None:
         raise ValueError(f"{path} has no held-out tau or CPU time: it was trained on another data set or by an "
                          "older version; retrain it with --data sharegpt")
-    hours = record["cpu_seconds"] / 3600
+    stages = stages_of(record)
+    hours = sum(stage["cpu_seconds"] for stage in stages) / 3600
     tau = record["val_tau_greedy_blocks"]
+    curve, hours_before = [], 0.0
+    for stage in stages:
+        curve += [[round(hours_before + h["cpu_seconds"] / 3600, 4), round(h["val_tau"], 4)]
+                  for h in stage.get("val_history", [])]
+        hours_before += stage["cpu_seconds"] / 3600
     defaults = asdict(Settings())  # a setting added since a run was made had its default then
     return {"run": Path(folder).name, **{k: record["settings"].get(k, defaults[k]) for k in CHOICES},
-            "parameters": record["parameters"], "first_loss": round(record["loss_history_every_10"][0], 3),
+            "steps": sum(stage["settings"]["steps"] for stage in stages), "stages": len(stages),
+            "parameters": record["parameters"], "first_loss": round(stages[0]["loss_history_every_10"][0], 3),
             "final_train_loss": round(record["final_train_loss_avg100"], 3), "val_loss": round(record["val_loss"], 3),
             "val_accuracy": round(record["val_weighted_accuracy"], 4), "val_tau": round(tau, 3),
             "cpu_hours": round(hours, 3), "tau_gain_per_cpu_hour": round((tau - 1) / hours, 3),
-            "curve": [[round(h["cpu_seconds"] / 3600, 4), round(h["val_tau"], 4)]
-                      for h in record.get("val_history", [])],
-            "command": record["command"]}
+            "curve": curve, "command": " && ".join(stage["command"] for stage in stages)}
+
+
+def stages_of(record: dict) -> list[dict]:
+    """A run continued with `--init-from` keeps the run it started from under `previous_stage`: its stages,
+    first first, so that CPU time, steps and the held-out curve count from the random start."""
+    stages = [record]
+    while stages[0].get("previous_stage"):
+        stages.insert(0, stages[0]["previous_stage"])
+    return stages
 
 
 def main(argv: list[str] | None = None) -> None:

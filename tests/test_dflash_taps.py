@@ -178,7 +178,9 @@ def test_compare_sets_runs_side_by_side_and_refuses_records_without_tau(tmp_path
     assert result["rows"][0]["tap_layers"] == ""  # a run made before the setting existed: the default taps
     assert result["rows"][0]["first_loss"] == 70.0 and result["command"].startswith("python -m minispec.dflash.compare")
     assert result["rows"][1]["curve"] == [[0.25, 1.05], [0.5, 1.3]] and result["rows"][0]["curve"] == []
-    assert len(training_story(result, shipped="init").axes[0].lines) == 4  # two runs, one curve, the tau = 1 line
+    story = training_story(result, shipped="init")
+    assert len(story.axes[0].lines) == 4  # two runs, one curve, the tau = 1 line
+    assert [t.get_text() for t in story.axes[1].get_legend().get_texts()] == ["random"]  # the pairs, without the star
 
     second = json.loads((runs[1] / "training.json").read_text()) | {
         "val_tau_greedy_blocks": 1.5, "cpu_seconds": 3600, "loss_history_every_10": [6.4],

@@ -247,29 +247,38 @@ def live_training(target, tokenizer, steps: int = 40, eval_every: int = 10, repl
 
 def training_story(result: Mapping, shipped: str | None = None):
     """Held-out greedy τ against the CPU-hours each training run cost, one point per run of a
-    `python -m minispec.dflash.compare` result (e.g. `ms.load_result("smollm2-135m-dflash-runs")`), labelled by
-    what it changed, and a line through the evaluations of a run that was evaluated while it trained; `shipped`
-    names the run that ships (drawn as a star). Runs of a pair share the data, seed and held-out rows, so a point
-    above another at the same CPU bought τ with a choice, not with time."""
+    `python -m minispec.dflash.compare` result (e.g. `ms.load_result("smollm2-135m-dflash-runs")`), and a line
+    through the evaluations of a run that was evaluated while it trained; `shipped` names the run that ships (drawn
+    as a star). Left: every run; right: the short paired runs, magnified, one colour each. Runs of a pair share
+    the data, seed and held-out rows, so a point above another at the same CPU bought τ with a choice, not with time."""
     rows = result["rows"]
     if not rows:
         raise ValueError("training_story needs the rows of a minispec.dflash.compare result")
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for row in rows:
-        if row.get("curve"):
-            hours, taus = zip(*row["curve"])
-            ax.plot(hours, taus, "-", color="#e6550d" if row["run"] == shipped else "#9ecae1", lw=1.5, zorder=1)
-        star = row["run"] == shipped
-        ax.plot([row["cpu_hours"]], [row["val_tau"]], "*" if star else "o", ms=16 if star else 8,
-                color="#e6550d" if star else "#3182bd", mec="black", mew=0.5)
-        ax.annotate(row["run"], (row["cpu_hours"], row["val_tau"]), xytext=(7, 3), textcoords="offset points",
-                    fontsize=8)
-    ax.axhline(1, color="0.4", ls=":", lw=1.2)
-    ax.set_xlim(0, max(r["cpu_hours"] for r in rows) * 1.35)
-    ax.set_ylim(0.95, max(r["val_tau"] for r in rows) * 1.1)
-    ax.set_xlabel("CPU-hours of training (the whole process: loading and evaluation too)")
-    ax.set_ylabel("held-out greedy τ (drafted blocks)")
-    ax.set_title("what each training choice bought, per CPU-hour")
+    fig, (whole, pairs) = plt.subplots(1, 2, figsize=(12, 4.2))
+    short = [r for r in rows if r["run"] != shipped]
+    colours = dict(zip([r["run"] for r in short], plt.cm.tab10.colors * 2))  # points this close need a legend
+    for ax, shown in ((whole, rows), (pairs, short)):
+        for row in shown:
+            star = row["run"] == shipped
+            if row.get("curve"):
+                hours, taus = zip(*row["curve"])
+                ax.plot(hours, taus, "-", color="#e6550d" if star else colours[row["run"]], lw=1.5, zorder=1)
+            ax.plot([row["cpu_hours"]], [row["val_tau"]], "*" if star else "o", ms=16 if star else 7,
+                    color="#e6550d" if star else colours[row["run"]], mec="black", mew=0.5,
+                    label=row["run"] if ax is pairs else None)
+            if star:
+                ax.annotate(row["run"], (row["cpu_hours"], row["val_tau"]), xytext=(-10, 10),
+                            textcoords="offset points", fontsize=8, ha="right")
+        ax.axhline(1, color="0.4", ls=":", lw=1.2)
+        ax.set_xlim(0, max(r["cpu_hours"] for r in shown) * 1.15)
+        ax.set_ylim(0.95 if ax is whole else min(r["val_tau"] for r in shown) - 0.02,
+                    max(r["val_tau"] for r in shown) * (1.1 if ax is whole else 1.02))
+        ax.set_xlabel("CPU-hours of training (the whole process)")
+    whole.set_ylabel("held-out greedy τ (drafted blocks)")
+    whole.set_title("every run" if shipped is None else f"every run; the star: {shipped}")
+    pairs.set_title("the short paired runs, magnified")
+    if short:
+        pairs.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
     return fig

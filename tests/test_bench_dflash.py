@@ -77,6 +77,19 @@ def test_either_part_can_be_skipped(tmp_path):
     assert timing_only and all("method" in r for r in timing_only)
 
 
+def test_dflash_is_timed_at_each_k_asked_for(tmp_path):
+    """`--draft-tokens`: one DFlash row per K, each exact at T = 0; a K twice or past the block is refused."""
+    common = ["--prompts", "1", "--max-new-tokens", "8", "--temperatures", "--timing-temperatures", "0"]
+    rows = run_bench(tmp_path, *common, "--draft-tokens", "2", "7")
+    dflash = [(r["method"], r["K"], r["identical_to_ar"]) for r in rows if r["method"].startswith("DFlash")]
+    assert dflash == [("DFlash K=2", 2, True), ("DFlash", 7, True)]
+    assert {r["method"]: r["K"] for r in rows}["HF prompt lookup"] == 7  # the others keep the drafter's K
+    with pytest.raises(ValueError, match="names a K twice"):
+        run_bench(tmp_path, *common, "--draft-tokens", "3", "3")
+    with pytest.raises(ValueError, match="drafts 1 to 7 tokens"):
+        run_bench(tmp_path, *common, "--draft-tokens", "8")
+
+
 def test_every_method_is_identical_to_ar_at_t0(bolt_rows):
     """Hugging Face's prompt lookup and assisted decoding included: each output's first n tokens are plain
     decoding's n tokens."""

@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timing-temperatures", type=temperature, nargs="*", default=[0.0],
                    help="dflash: temperatures of the batch-1 wall-clock runs (Hugging Face's rows: T = 0 only; "
                         "none: skip them)")
+    p.add_argument("--draft-tokens", type=positive_int, nargs="+",
+                   help="dflash: the K of DFlash's wall-clock rows, one row each (default: the drafter's own, its "
+                        "block size - 1); a verify over K + 1 tokens costs more on a CPU than on a GPU")
     p.add_argument("--eval-prompts", type=positive_int,
                    help="dflash: prompts for acceptance (default: all, 241 eval prompts or MT-Bench's 80)")
     p.add_argument("--eval-batch", type=positive_int, default=16, help="dflash: batch size of the acceptance runs")

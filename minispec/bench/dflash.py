@@ -12,7 +12,8 @@
    the same process on the same prompts with the same max_new_tokens: plain decoding, minispec's n-gram
    drafter and DFlash, and Hugging Face's own `generate`: greedy, prompt-lookup decoding
    (`prompt_lookup_num_tokens=K`) and assisted decoding with the target's draft LM where it has one
-   (bolt-mini: bolt-nano; smollm2-135m has none). Every drafter drafts the DFlash drafter's K tokens.
+   (bolt-mini: bolt-nano; smollm2-135m has none). Every drafter drafts the DFlash drafter's K tokens;
+   `--draft-tokens` adds DFlash rows at other K (a verify window of K + 1 tokens is not free on a CPU).
    At T = 0 every output is compared with minispec's plain decoding: identical when its first n tokens are
    the n tokens plain decoding emitted (an EOS included); Hugging Face's `generate` may stop or pad
    differently after them. Hugging Face's rows are run at T = 0 only.
@@ -252,7 +253,7 @@ def timing_rows(target, drafters: dict, prompts, max_new_tokens: int, temperatur
                 repeats: int = 5, progress=print) -> list[dict]:
     """Every method at batch 1 on the same prompts (see the module docstring). `drafters`: minispec drafters by
     method name, "ngram" among them; `draft_lm`: the causal LM for Hugging Face's assisted decoding, or None."""
-    K = drafters["ngram"].num_draft_tokens
+    K = drafters["ngram"].num_draft_tokens  # what Hugging Face's prompt lookup drafts
     progress(f"timing T = {temperature}: autoregressive")
     ar = run_minispec(target, None, prompts, max_new_tokens, temperature)
     context = representative_context(prompts[0], ar.outputs[0])
@@ -263,7 +264,8 @@ def timing_rows(target, drafters: dict, prompts, max_new_tokens: int, temperatur
         progress(f"timing T = {temperature}: {method}")
         run = run_minispec(target, drafter, prompts, max_new_tokens, temperature)
         parts[method] = isolated_costs(target, drafter, context, Sampling(temperature), repeats, c_t=plain.c_t)
-        rows.append(timing_row(method, run, ar, "autoregressive", parts[method], temperature, K, ar))
+        rows.append(timing_row(method, run, ar, "autoregressive", parts[method], temperature,
+                               drafter.num_draft_tokens, ar))
     if temperature != 0:
         return rows
     progress(f"timing T = {temperature}: HF generate, greedy")
@@ -315,12 +317,17 @@ def bench_dflash(args) -> list[dict]:
     if draft_lm is None:
         progress(f"{args.target} has no draft LM that shares its tokenizer: Hugging Face's assisted decoding is "
                  "not measured")
+    draft_tokens = args.draft_tokens or [K]
+    if len(set(draft_tokens)) != len(draft_tokens):
+        raise ValueError(f"--draft-tokens names a K twice: {draft_tokens}")
     for temperature in args.timing_temperatures:
         methods = {"ngram": ms.load_drafter("ngram", model, num_draft_tokens=K)}
-        if temperature == 0:
-            methods["DFlash"] = next(iter(drafters.values()))  # every policy drafts the argmax at T = 0
-        else:
-            methods.update({f"DFlash {policy}": drafter for policy, drafter in drafters.items()})
+        policies = list(drafters)[:1] if temperature == 0 else list(drafters)  # at T = 0 every policy drafts the argmax
+        for policy in policies:
+            for k in draft_tokens:
+                name = " ".join(["DFlash", *([policy] if temperature != 0 else []), *([f"K={k}"] if k != K else [])])
+                methods[name] = (drafters[policy] if k == K
+                                 else ms.load_drafter(drafter_name, model, policy=policy, num_draft_tokens=k))
         rows += [{"target": str(args.target), **row}
                  for row in timing_rows(model, methods, prompts[: args.prompts], args.max_new_tokens, temperature,
                                         draft_lm, max(args.repeats, 3), progress)]

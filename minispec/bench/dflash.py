@@ -325,7 +325,7 @@ def bench_dflash(args) -> list[dict]:
         policies = list(drafters)[:1] if temperature == 0 else list(drafters)  # at T = 0 every policy drafts the argmax
         for policy in policies:
             for k in draft_tokens:
-                name = " ".join(["DFlash", *([policy] if temperature != 0 else []), *([f"K={k}"] if k != K else [])])
+                name = ("DFlash" if temperature == 0 else f"DFlash {policy}") + ("" if k == K else f" K={k}")
                 methods[name] = (drafters[policy] if k == K
                                  else ms.load_drafter(drafter_name, model, policy=policy, num_draft_tokens=k))
         rows += [{"target": str(args.target), **row}

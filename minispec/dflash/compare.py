@@ -34,13 +34,12 @@ def run_row(folder: Path) -> dict:
         raise ValueError(f"{path} has no held-out tau or CPU time: it was trained on another data set or by an "
                          "older version; retrain it with --data sharegpt")
     stages = stages_of(record)
-    hours = sum(stage["cpu_seconds"] for stage in stages) / 3600
     tau = record["val_tau_greedy_blocks"]
-    curve, hours_before = [], 0.0
+    curve, hours = [], 0.0  # hours: the CPU-hours of the stages before, then of all of them
     for stage in stages:
-        curve += [[round(hours_before + h["cpu_seconds"] / 3600, 4), round(h["val_tau"], 4)]
+        curve += [[round(hours + h["cpu_seconds"] / 3600, 4), round(h["val_tau"], 4)]
                   for h in stage.get("val_history", [])]
-        hours_before += stage["cpu_seconds"] / 3600
+        hours += stage["cpu_seconds"] / 3600
     defaults = asdict(Settings())  # a setting added since a run was made had its default then
     return {"run": Path(folder).name, **{k: record["settings"].get(k, defaults[k]) for k in CHOICES},
             "steps": sum(stage["settings"]["steps"] for stage in stages), "stages": len(stages),

@@ -7,6 +7,7 @@ policy="argmax" | "sample")`): both exact, and which accepts more is measured, n
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -257,8 +258,10 @@ def training_story(result: Mapping, shipped: str | None = None):
     plt = _plt()
     fig, (whole, pairs) = plt.subplots(1, 2, figsize=(12, 4.2))
     short = [r for r in rows if r["run"] != shipped]
-    colours = dict(zip([r["run"] for r in short], plt.cm.tab10.colors * 2))  # points this close need a legend
-    for ax, shown in ((whole, rows), (pairs, short)):
+    colours = dict(zip([r["run"] for r in short], itertools.cycle(plt.cm.tab10.colors)))  # close points: a legend
+    if not short:
+        pairs.set_axis_off()
+    for ax, shown in ((whole, rows), (pairs, short)) if short else ((whole, rows),):
         for row in shown:
             star = row["run"] == shipped
             if row.get("curve"):

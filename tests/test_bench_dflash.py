@@ -90,6 +90,50 @@ def test_dflash_is_timed_at_each_k_asked_for(tmp_path):
         run_bench(tmp_path, *common, "--draft-tokens", "8")
 
 
+PICK_COLUMNS = ["target", "drafter", "K", "tuning_prompts", "acc_k", "expected_tau", "C_t_ms", "C_d_ms", "C_v_ms",
+                "predicted_speedup", "picked"]
+
+
+def test_the_cost_model_picks_k_on_held_out_prompts(tmp_path, monkeypatch):
+    """`--draft-tokens auto`: a row per K with the tau the held-out acceptance predicts there and the speedup
+    that follows from that K's isolated costs; the largest is picked and timed, its row named so. The benchmark
+    prompts are never looked at to pick."""
+    seen = []
+    real = bench.acceptance
+    monkeypatch.setattr(bench, "acceptance", lambda target, drafter, prompts, *a, **kw: (
+        seen.append([p.tolist() for p in prompts]) or real(target, drafter, prompts, *a, **kw)))
+    rows = run_bench(tmp_path, "--prompts", "1", "--max-new-tokens", "8", "--temperatures", "--timing-temperatures",
+                     "0", "--draft-tokens", "auto", "7", "--tuning-prompts", "2")
+    picks = [r for r in rows if "picked" in r]
+    assert [r["K"] for r in picks] == list(range(1, 8)) and all(list(r) == PICK_COLUMNS for r in picks)
+    assert sum(r["picked"] for r in picks) == 1
+    best = max(picks, key=lambda r: r["predicted_speedup"])
+    assert best["picked"]
+    rates = [r["acc_k"] for r in picks]
+    for r in picks:
+        assert r["expected_tau"] == pytest.approx(costs.expected_tau(rates[: r["K"]]), abs=0.01)
+        assert r["predicted_speedup"] == pytest.approx(
+            costs.speedup(r["expected_tau"], r["C_t_ms"], r["C_d_ms"], r["C_v_ms"]), rel=0.02)
+    evalset = [p.tolist() for p in ms.load_evalset().prompts]
+    assert len(seen) == 1 and len(seen[0]) == 2 and not any(p in evalset for p in seen[0])
+    dflash = [(r["method"], r["K"]) for r in rows if r.get("method", "").startswith("DFlash")]
+    k = best["K"]
+    name = "DFlash (cost model's K)" if k == 7 else f"DFlash K={k} (cost model's K)"
+    assert dflash == ([(name, 7)] if k == 7 else [(name, k), ("DFlash", 7)])
+
+
+def test_held_out_prompts_are_first_turns_from_the_shipped_reply_set():
+    from minispec.bench.decoding import tuning_prompts
+    from minispec.dflash.data import DATASETS, heldout_prompts
+
+    prompts = heldout_prompts(DATASETS / "smollm2-135m-sharegpt", 3)
+    assert len(prompts) == 3 and all(p.dtype == torch.long and 0 < len(p) <= 512 for p in prompts)
+    assert all(p[0] == 1 for p in prompts)  # <|im_start|>: SmolLM2's chat template opens every prompt
+    assert [p.tolist() for p in tuning_prompts("smollm2-135m", None, 3)] == [p.tolist() for p in prompts]
+    with pytest.raises(ValueError, match="fewer than the 100000 asked for"):
+        heldout_prompts(DATASETS / "smollm2-135m-sharegpt", 100_000)
+
+
 def test_every_method_is_identical_to_ar_at_t0(bolt_rows):
     """Hugging Face's prompt lookup and assisted decoding included: each output's first n tokens are plain
     decoding's n tokens."""

@@ -10,6 +10,7 @@ Mamba-Transformer Models for Agentic AI", and the repositories named at each tes
 import math
 
 import pytest
+import torch
 
 from minispec import costs
 from minispec.costs import (
@@ -294,3 +295,46 @@ def test_super_mamba_state_and_replay_record():
     assert (state + 32 * record) / state == pytest.approx(1.15, abs=0.01)  # "about 1.15x"
     assert costs.native_spec_state_writes_bytes(SUPER_MAMBA2, num_tokens=4) == 20 * MiB
     assert costs.native_spec_state_writes_bytes(SUPER_MAMBA2, num_tokens=1) == 8 * MiB
+
+
+def test_expected_tau_is_one_plus_the_chance_of_reaching_each_draft():
+    # a = (0.5, 0.5): draft 1 accepted half the time, both a quarter: 1 + 0.5 + 0.25.
+    assert costs.expected_tau([0.5, 0.5]) == pytest.approx(1.75)
+    assert costs.expected_tau([1.0] * 7) == pytest.approx(8.0)  # every draft accepted: K + 1
+    assert costs.expected_tau([0.0, 1.0, 1.0]) == pytest.approx(1.0)  # nothing past a certain rejection counts
+    with pytest.raises(ValueError, match="probabilities"):
+        costs.expected_tau([0.5, 1.2])
+    with pytest.raises(ValueError, match="at least one"):
+        costs.expected_tau([])
+
+
+def test_expected_tau_matches_the_tau_of_simulated_cycles():
+    # Cycles whose drafts are accepted with these conditional rates, counted as SpecStats counts them.
+    from minispec.speculative.stats import CycleRecord, SpecStats
+
+    rates = [0.6, 0.4, 0.3, 0.2]
+    g = torch.Generator().manual_seed(0)
+    cycles = []
+    for i in range(20000):
+        accepted = 0
+        while accepted < len(rates) and torch.rand((), generator=g) < rates[accepted]:
+            accepted += 1
+        cycles.append(CycleRecord(i + 1, 0, len(rates), accepted, [], []))
+    stats = SpecStats(cycles)
+    assert costs.expected_tau(stats.per_position.tolist()) == pytest.approx(stats.tau, abs=1e-6)  # float32 rates
+    assert stats.tau == pytest.approx(costs.expected_tau(rates), abs=0.02)  # 20,000 cycles: sd ~ 0.006
+
+
+def test_best_window_trades_acceptance_against_the_verify_cost():
+    a = [0.33, 0.2, 0.15, 0.12, 0.1, 0.1, 0.1]
+    K = range(1, 8)
+    # A verify as cheap as a decode step at every window: the longest window costs nothing more, so it wins.
+    assert costs.best_window(a, 1.0, dict.fromkeys(K, 0.1), dict.fromkeys(K, 1.0)) == 7
+    # A verify that costs 10 % more per token: the later drafts (accepted ~0.02 % of the time) do not pay.
+    k = costs.best_window(a, 1.0, dict.fromkeys(K, 0.1), {k: 1 + 0.1 * k for k in K})
+    assert k == 1
+    assert costs.best_window([1.0] * 7, 1.0, dict.fromkeys(K, 0.1), {k: 1 + 0.1 * k for k in K}) == 7
+    with pytest.raises(ValueError, match="same K"):
+        costs.best_window(a, 1.0, {1: 0.1}, {2: 1.0})
+    with pytest.raises(ValueError, match="1 .. 2"):
+        costs.best_window(a[:2], 1.0, {3: 0.1}, {3: 1.0})

@@ -35,6 +35,11 @@ DEFAULTS = {"max_new_tokens": 64, "temperatures": [0.0, 1.0], "threads": None}
 BENCH_DEFAULTS = {"dflash": {"max_new_tokens": 128, "temperatures": [0.0, 0.5, 1.0], "threads": 2}}
 
 
+def draft_tokens(text: str) -> int | str:
+    """A K for --draft-tokens: an integer >= 1, or "auto" (the cost model's pick)."""
+    return text if text == "auto" else positive_int(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minispec.bench")
     p.add_argument("name", choices=sorted(BENCHES))
@@ -60,9 +65,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timing-temperatures", type=temperature, nargs="*", default=[0.0],
                    help="dflash: temperatures of the batch-1 wall-clock runs (Hugging Face's rows: T = 0 only; "
                         "none: skip them)")
-    p.add_argument("--draft-tokens", type=positive_int, nargs="+",
+    p.add_argument("--draft-tokens", type=draft_tokens, nargs="+",
                    help="dflash: the K of DFlash's wall-clock rows, one row each (default: the drafter's own, its "
-                        "block size - 1); a verify over K + 1 tokens costs more on a CPU than on a GPU")
+                        "block size - 1); a verify over K + 1 tokens costs more on a CPU than on a GPU. 'auto': "
+                        "the K the cost model picks from held-out prompts (--tuning-prompts) and this machine's "
+                        "timings")
+    p.add_argument("--tuning-prompts", type=positive_int, default=32,
+                   help="dflash: held-out prompts (never the benchmark's) the cost model picks K on")
     p.add_argument("--eval-prompts", type=positive_int,
                    help="dflash: prompts for acceptance (default: all, 241 eval prompts or MT-Bench's 80)")
     p.add_argument("--eval-batch", type=positive_int, default=16, help="dflash: batch size of the acceptance runs")

@@ -41,6 +41,22 @@ def bench_prompts(tokenizer) -> list[torch.Tensor]:
     return ms.load_evalset().prompts
 
 
+def tuning_prompts(target_name: str, tokenizer, n: int) -> list[torch.Tensor]:
+    """What a setting is chosen on, never the benchmark prompts: the first `n` held-out ShareGPT prompts of the
+    target's reply set (`minispec.dflash.data`) for a chat model, `n` windows of 128 tokens from the stdlib's
+    validation split for bolt-mini (its benchmark is the test split)."""
+    from minispec.dflash.data import DATASETS, heldout_prompts
+    from minispec.targets import data
+
+    folder = DATASETS / f"{target_name}-sharegpt"
+    if folder.is_dir():
+        return heldout_prompts(folder, n)
+    if tokenizer.chat_template is not None:
+        raise ValueError(f"no held-out prompts for {target_name!r}: its reply set {folder} does not exist (make it "
+                         f"with `python -m minispec.dflash.data --target {target_name}`)")
+    return list(data.random_windows(data.token_stream("val", tokenizer), n, 128, seed=0, step=-11))
+
+
 def representative_context(prompt: torch.Tensor, continuation: torch.Tensor) -> torch.Tensor:
     """[L] the prompt and the first half of its continuation: the mean context length of a decode."""
     return torch.cat([prompt, continuation[: len(continuation) // 2]])

@@ -2,6 +2,7 @@
 
     python -m minispec.bench dflash                                    bolt-mini on its stdlib eval set
     python -m minispec.bench dflash --target smollm2-135m --prompts 4  SmolLM2-135M-Instruct on MT-Bench
+    ... --draft-tokens auto 7                                          at the K the cost model picks, and at 7
 
 1. Acceptance: tau and the per-position acceptance, per temperature and drafting policy ("argmax" and
    "sample", `minispec.dflash.drafter`; at T = 0 both draft the argmax, so one row), in batches, on the
@@ -17,7 +18,9 @@
    At T = 0 every output is compared with minispec's plain decoding: identical when its first n tokens are
    the n tokens plain decoding emitted (an EOS included); Hugging Face's `generate` may stop or pad
    differently after them. Hugging Face's rows are run at T = 0 only.
-3. The cost model checked: speedup = tau * C_t / (C_d + C_v) with C_t, C_d and C_v timed in isolation
+3. `--draft-tokens auto`: the cost model picks K before the wall-clock runs, from held-out prompts the
+   benchmark never sees (`pick_draft_tokens`), and DFlash is timed at that K too.
+4. The cost model checked: speedup = tau * C_t / (C_d + C_v) with C_t, C_d and C_v timed in isolation
    (`decoding.isolated_costs`), never derived from the run it predicts: predicted and measured speedup side
    by side, with the measured wall time per target forward and what the isolated parts leave of it (the
    loop's overhead, prefills included).
@@ -35,12 +38,16 @@ from dataclasses import dataclass
 import torch
 
 import minispec as ms
+from minispec import costs
 from minispec.bench.decoding import (
+    GREEDY,
     CycleCosts,
     bench_prompts,
+    decode_step_cost,
     isolated_costs,
     plain_decoding_costs,
     representative_context,
+    tuning_prompts,
 )
 from minispec.bench.timing import timed
 from minispec.speculative import sampling as smp
@@ -139,6 +146,42 @@ def acceptance_rows(target, drafter_name: str, drafters: dict, prompts, max_new_
                    "draft_vocab_coverage": round(draft_vocab_coverage(drafter, continuations), 4)}
             row.update({f"acc_{k + 1}": round(float(a), 3) for k, a in enumerate(stats.per_position)})
             rows.append(row)
+    return rows
+
+
+# --- the cost model picks K -----------------------------------------------------------------------------------
+
+def pick_draft_tokens(target, drafter_name: str, prompts, max_new_tokens: int, batch_size: int, repeats: int,
+                      progress) -> list[dict]:
+    """One row per K = 1 .. block - 1: the tau the cost model expects there and its predicted speedup, the
+    largest marked `picked`. Everything comes from `prompts` (held out from the benchmark, `tuning_prompts`):
+
+        a_1 .. a_7   per-position acceptance at T = 0 with the full window (`SpecStats.per_position`)
+        tau(K)       1 + sum_{j<=K} prod_{i<=j} a_i (`costs.expected_tau`)
+        C_d, C_v     timed alone at each K after the first prompt's context (`isolated_costs`)
+
+    A verify over K + 1 tokens costs more than a decode step on a CPU, and a drafter's late positions are
+    rarely accepted, so the full window need not be the best there; on an H200 at batch 1 it is (C_v barely
+    grows with K).
+    """
+    drafter = ms.load_drafter(drafter_name, target)
+    stats, continuations = acceptance(target, drafter, prompts, max_new_tokens, 0.0, batch_size,
+                                      progress=lambda m: progress(f"picking K, held-out acceptance: {m}"))
+    rates = stats.per_position.tolist()
+    context = representative_context(prompts[0], continuations[0])
+    progress("picking K: timing C_t, C_d and C_v at every K")
+    c_t = decode_step_cost(target, context, repeats)
+    parts = {k: isolated_costs(target, ms.load_drafter(drafter_name, target, num_draft_tokens=k), context, GREEDY,
+                               repeats, c_t=c_t)
+             for k in range(1, drafter.num_draft_tokens + 1)}
+    best = costs.best_window(rates, c_t, {k: p.c_d for k, p in parts.items()}, {k: p.c_v for k, p in parts.items()})
+    rows = []
+    for k, p in parts.items():
+        tau = costs.expected_tau(rates[:k])
+        rows.append({"drafter": drafter_name, "K": k, "tuning_prompts": len(prompts),
+                     "acc_k": round(rates[k - 1], 3), "expected_tau": round(tau, 3), "C_t_ms": round(1000 * c_t, 2),
+                     "C_d_ms": round(1000 * p.c_d, 3), "C_v_ms": round(1000 * p.c_v, 2),
+                     "predicted_speedup": round(costs.speedup(tau, c_t, p.c_d, p.c_v), 3), "picked": k == best})
     return rows
 
 
@@ -320,12 +363,21 @@ def bench_dflash(args) -> list[dict]:
     draft_tokens = args.draft_tokens or [K]
     if len(set(draft_tokens)) != len(draft_tokens):
         raise ValueError(f"--draft-tokens names a K twice: {draft_tokens}")
+    picked = None
+    if "auto" in draft_tokens:
+        picks = pick_draft_tokens(model, drafter_name, tuning_prompts(str(args.target), tokenizer, args.tuning_prompts),
+                                  args.max_new_tokens, args.eval_batch, max(args.repeats, 3), progress)
+        rows += [{"target": str(args.target), **row} for row in picks]
+        picked = next(row["K"] for row in picks if row["picked"])
+        # The pick's row stands for an explicit request of the same K.
+        draft_tokens = [picked if k == "auto" else k for k in draft_tokens if k != picked]
     for temperature in args.timing_temperatures:
         methods = {"ngram": ms.load_drafter("ngram", model, num_draft_tokens=K)}
         policies = list(drafters)[:1] if temperature == 0 else list(drafters)  # at T = 0 every policy drafts the argmax
         for policy in policies:
             for k in draft_tokens:
-                name = ("DFlash" if temperature == 0 else f"DFlash {policy}") + ("" if k == K else f" K={k}")
+                name = (("DFlash" if temperature == 0 else f"DFlash {policy}") + ("" if k == K else f" K={k}")
+                        + (" (cost model's K)" if k == picked else ""))
                 methods[name] = (drafters[policy] if k == K
                                  else ms.load_drafter(drafter_name, model, policy=policy, num_draft_tokens=k))
         rows += [{"target": str(args.target), **row}

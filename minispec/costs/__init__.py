@@ -13,7 +13,7 @@ per part, in reading order; everything is re-exported here, so ``from minispec i
 3. ``payloads``: ideal 4-bit codes, NVFP4 bits per parameter, a BF16 embedding copy.
 4. ``checkpoints``: checkpoint sizes under NVFP4 with BF16 exceptions (Lightning, Super, Ultra), and from
    the tiers of each kind of parameter (``NemotronHShape``, ``SUPER_SHAPE``, ``tiered_checkpoint``).
-5. ``speedup``: the speedup model of speculative decoding and its break-even point.
+5. ``speedup``: the speedup model of speculative decoding, its break-even point, and the window K it picks.
 6. ``mamba``: Mamba-2 state and replay-record sizes, from a ``Mamba2Config`` (Super's, lightning-mini's).
 7. ``serving``: accelerators (H200, B200), served-model shapes (E4B target and DFlash drafter, Super), the
    roofline by batch, the break-even batch, memory per request and requests per GPU.
@@ -73,7 +73,7 @@ from minispec.costs.serving import (
                                         speedup_at_batch,
                                         super_target,
 )
-from minispec.costs.speedup import break_even_tau, implied_cycle_cost, speedup
+from minispec.costs.speedup import best_window, break_even_tau, expected_tau, implied_cycle_cost, speedup
 from minispec.costs.units import BF16_BITS, BF16_BYTES, GB, GiB, MiB, to_gb, to_gib, to_mib
 
 __all__ = [
@@ -81,11 +81,11 @@ __all__ = [
     "GiB", "H200", "LIGHTNING_MINI_MAMBA2", "LIGHTNING_MINI_MAMBA_LAYERS", "MODELOPT_SUPER_TIERS", "MiB", "NVFP4",
     "SUPER_MAMBA2", "SUPER_MAMBA_LAYERS", "SUPER_PAPER_TIERS", "SUPER_SHAPE", "TIER_BITS", "Accelerator",
     "DFlashParamCount", "Drafting", "NemotronHShape", "ServedModel", "SpecStateTraffic", "TieredCheckpoint",
-    "bf16_fraction_for", "bf16_fraction_for_bits", "break_even_batch", "break_even_tau", "dflash_kv_cache_bytes",
-    "dflash_param_count", "e4b_dflash_drafter", "embedding_bytes", "forward_seconds", "ideal_4bit_code_bytes",
-    "implied_cycle_cost", "mamba_request_bytes", "mamba_state_bytes", "measured_break_even_batch",
-    "memory_per_request", "mixed_bits_per_param", "native_spec_state_writes_bytes", "nemotron_h_param_groups",
-    "nvfp4_bits_per_param", "nvfp4_bytes", "params_from_size", "quantized_checkpoint_gb", "replay_record_bytes",
-    "requests_that_fit", "spec_state_traffic", "speedup", "speedup_at_batch", "super_target", "tiered_checkpoint",
-    "to_gb", "to_gib", "to_mib",
+    "best_window", "bf16_fraction_for", "bf16_fraction_for_bits", "break_even_batch", "break_even_tau",
+    "dflash_kv_cache_bytes", "dflash_param_count", "e4b_dflash_drafter", "embedding_bytes", "expected_tau",
+    "forward_seconds", "ideal_4bit_code_bytes", "implied_cycle_cost", "mamba_request_bytes", "mamba_state_bytes",
+    "measured_break_even_batch", "memory_per_request", "mixed_bits_per_param", "native_spec_state_writes_bytes",
+    "nemotron_h_param_groups", "nvfp4_bits_per_param", "nvfp4_bytes", "params_from_size", "quantized_checkpoint_gb",
+    "replay_record_bytes", "requests_that_fit", "spec_state_traffic", "speedup", "speedup_at_batch", "super_target",
+    "tiered_checkpoint", "to_gb", "to_gib", "to_mib",
 ]

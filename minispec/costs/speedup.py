@@ -55,3 +55,38 @@ def implied_cycle_cost(tau: float, measured_speedup: float) -> float:
     check_tau(tau)
     check_positive(measured_speedup=measured_speedup)
     return tau / measured_speedup
+
+
+def expected_tau(acceptance) -> float:
+    """E[tau] of a window of K = len(acceptance) drafts: 1 + sum_j prod_{i<=j} a_i.
+
+    a_k is the acceptance rate of draft k given that drafts 1 .. k-1 were accepted (`SpecStats.per_position`);
+    the product is the chance that the first j drafts all are. So the acceptance measured with a long window
+    predicts the tau of every shorter one: drafts past K are never sent.
+    """
+    rates = [float(a) for a in acceptance]
+    if not rates:
+        raise ValueError("expected_tau needs the acceptance of at least one draft position")
+    if any(not 0 <= a <= 1 for a in rates):
+        raise ValueError(f"acceptance rates are probabilities in [0, 1], got {rates}")
+    tau, reach = 1.0, 1.0
+    for a in rates:
+        reach *= a
+        tau += reach
+    return tau
+
+
+def best_window(acceptance, c_target: float, c_draft: dict, c_verify: dict) -> int:
+    """The K the cost model picks: argmax over K of speedup(expected_tau(a_1..a_K), C_t, C_d(K), C_v(K)).
+
+    `c_draft` and `c_verify` map each candidate K to its measured cost; a verify over K + 1 tokens costs more
+    than a decode step wherever the forward is not bound by reading the weights (a CPU at a few tokens, a GPU
+    at a large batch), so the longest window is not always the best. Ties go to the smaller K.
+    """
+    if set(c_draft) != set(c_verify) or not c_draft:
+        raise ValueError(f"c_draft and c_verify must time the same K, got {sorted(c_draft)} and {sorted(c_verify)}")
+    if max(c_draft) > len(acceptance) or min(c_draft) < 1:
+        raise ValueError(f"K must be 1 .. {len(acceptance)} (the positions whose acceptance was measured), "
+                         f"got {sorted(c_draft)}")
+    return max(sorted(c_draft), key=lambda k: speedup(expected_tau(acceptance[:k]), c_target, c_draft[k],
+                                                      c_verify[k]))

@@ -216,6 +216,19 @@ def load_replies(folder: Path, split: str, pad_id: int) -> Replies:
     return Replies(ids, mask)
 
 
+def heldout_prompts(folder: Path, n: int) -> list[torch.Tensor]:
+    """The first `n` held-out prompts in `folder` (first turns, chat template included), each [P]: what a
+    setting is chosen on, never MT-Bench."""
+    prompts = []
+    for path in sorted(Path(folder).glob("heldout-*.npz")):
+        shard = read_shard(path)
+        prompts += [torch.from_numpy(row[:P]) for row, P in zip(rows_of(shard), shard["prompt_lengths"].tolist())]
+        if len(prompts) >= n:
+            return prompts[:n]
+    raise ValueError(f"{folder} holds {len(prompts)} held-out prompts, fewer than the {n} asked for"
+                     + ("" if prompts else ": make them with `python -m minispec.dflash.data`"))
+
+
 def check_manifest(folder: Path, expected: dict) -> dict:
     """The folder's dataset.json, or a fresh one; an error if it was made with other settings or target."""
     path = folder / "dataset.json"

@@ -97,7 +97,7 @@ class DFlashDrafter:
         self.last_logits = self.model.draft(block, self.cache)
         logits = self.last_logits[:, 1: 1 + k]  # [B, K, Vd]: block position k proposes token k
         if self.policy == "argmax" or sampling.greedy:
-            return Proposal(self.model.to_target_ids(logits.argmax(dim=-1)).to(last.device), q=None)
+            return Proposal(self.model.to_target_ids(smp.greedy(logits)).to(last.device), q=None)
         q = sampling.probs(logits)  # [B, K, Vd]
         drafts = self.model.to_target_ids(smp.sample(q, generator))
         return Proposal(drafts.to(last.device), q=self.model.to_target_vocab(q).to(last.device))

@@ -64,9 +64,12 @@ def check_logits(logits: torch.Tensor) -> None:
 
     -inf is allowed: it is how a token is masked out.
     """
-    if logits.isnan().any() or logits.isposinf().any():
+    # One reduction finds all three: a row's max is NaN if it holds a NaN (max propagates it), +inf if it holds
+    # +inf, and -inf only if every entry is -inf. The decode loops call this on every forward's logits.
+    row_max = logits.amax(dim=-1)
+    if row_max.isnan().any() or row_max.isposinf().any():
         raise ValueError("non-finite logits: found NaN or +inf")
-    if (logits == -math.inf).all(dim=-1).any():
+    if row_max.isneginf().any():
         raise ValueError("non-finite logits: a row is -inf everywhere, so no token can be drawn")
 
 
@@ -107,9 +110,9 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     Temperature 0 puts all the mass on the argmax (the first one on ties) and ignores top_k and top_p.
     """
     check_sampling_args(temperature, top_k, top_p)
-    check_logits(logits)
     if temperature == 0:
-        return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+        return F.one_hot(greedy(logits), logits.shape[-1]).float()
+    check_logits(logits)
 
     z = logits.float()
     z = (z - z.max(dim=-1, keepdim=True).values) / temperature
@@ -131,7 +134,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """The most likely token (the first one on ties). logits [..., V] -> LongTensor [...]."""
     check_logits(logits)
-    return logits.argmax(dim=-1)
+    # On a CPU, argmax over bfloat16 runs ~4x slower than converting to float32 first (exact) and taking it there.
+    return logits.float().argmax(dim=-1)
 
 
 def next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

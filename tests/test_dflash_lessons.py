@@ -116,3 +116,17 @@ def test_every_rule_is_exact_and_accepts_as_predicted():
         assert accepted == pytest.approx(rate, abs=3 * (rate * (1 - rate) / 40_000) ** 0.5 + 1e-3), rule
     with pytest.raises(ValueError, match="unknown rule"):
         lessons.verify_draws(p, q, "nonsense")
+
+
+def test_window_choice_draws_the_pick():
+    rows = [{"K": k, "expected_tau": 1 + 0.3 * k ** 0.5, "C_t_ms": 40.0, "C_d_ms": 5.0, "C_v_ms": 40.0 + 3 * k,
+             "predicted_speedup": 0.0, "picked": k == 2} for k in range(1, 8)]
+    for r in rows:
+        r["predicted_speedup"] = costs.speedup(r["expected_tau"], r["C_t_ms"], r["C_d_ms"], r["C_v_ms"])
+    fig = lessons.window_choice(rows)
+    left, right = fig.axes
+    assert list(left.lines[1].get_ydata()) == pytest.approx([(45 + 3 * k) / 40 for k in range(1, 8)])
+    star = right.lines[1]
+    assert list(star.get_xdata()) == [2] and list(star.get_ydata()) == [rows[1]["predicted_speedup"]]
+    with pytest.raises(ValueError, match="pick_draft_tokens"):
+        lessons.window_choice([{"K": 1}])

@@ -158,6 +158,38 @@ def speed_figure(rows: Mapping[str, Mapping[str, float]], max_tau: float = 8.0):
     return fig
 
 
+def window_choice(rows: Sequence[Mapping]):
+    """How the cost model picks K, from the rows of `minispec.bench.dflash.pick_draft_tokens` (one per K, in a
+    bench result: `[r for r in result["rows"] if "picked" in r]`). Left: the τ the held-out acceptance predicts
+    at each K, and what a cycle costs in decode steps, (C_d + C_v) / C_t; their ratio, right, is the predicted
+    speedup, the picked K starred."""
+    if not rows or any("picked" not in r for r in rows):
+        raise ValueError("window_choice needs the rows of minispec.bench.dflash.pick_draft_tokens (each with 'picked')")
+    plt = _plt()
+    ks = [r["K"] for r in rows]
+    cycle = [(r["C_d_ms"] + r["C_v_ms"]) / r["C_t_ms"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    left.plot(ks, [r["expected_tau"] for r in rows], "o-", color="#31a354", label="τ expected (held-out acceptance)")
+    left.plot(ks, cycle, "s-", color="#de2d26", label="cycle cost (C_d + C_v) / C_t, in decode steps")
+    left.axhline(1, color="0.4", ls=":", lw=1.2)
+    left.set_xlabel("K: drafts verified per cycle")
+    left.set_title("what a longer window buys, and what it costs")
+    left.legend(fontsize=8, loc="upper left")
+    right.plot(ks, [r["predicted_speedup"] for r in rows], "o-", color="#3182bd")
+    best = next(r for r in rows if r["picked"])
+    right.plot([best["K"]], [best["predicted_speedup"]], "*", ms=16, color="#e6550d", mec="black", mew=0.5)
+    right.annotate(f"picked: K = {best['K']}, {best['predicted_speedup']:.2f}× predicted",
+                   (best["K"], best["predicted_speedup"]), xytext=(8, 8), textcoords="offset points", fontsize=8)
+    right.axhline(1, color="0.4", ls=":", lw=1.2)
+    right.set_xlabel("K: drafts verified per cycle")
+    right.set_ylabel("predicted speedup = τ · C_t / (C_d + C_v)")
+    right.set_title("the cost model's pick")
+    for ax in (left, right):
+        ax.set_xticks(ks)
+    fig.tight_layout()
+    return fig
+
+
 def verify_draws(p: torch.Tensor, q: torch.Tensor, rule: str, n: int = 40_000,
                  seed: int = 0) -> tuple[torch.Tensor, float]:
     """One verify step drawn n times: (distribution of the first emitted token [V], acceptance rate).

@@ -158,7 +158,8 @@ def pick_draft_tokens(target, drafter_name: str, prompts, max_new_tokens: int, b
 
         a_1 .. a_7   per-position acceptance at T = 0 with the full window (`SpecStats.per_position`)
         tau(K)       1 + sum_{j<=K} prod_{i<=j} a_i (`costs.expected_tau`)
-        C_d, C_v     timed alone at each K after the first prompt's context (`isolated_costs`)
+        C_d, C_v     timed alone at each K after the first prompt's context (`isolated_costs`), the best of
+                     `repeats` rounds over every K
 
     A verify over K + 1 tokens costs more than a decode step on a CPU, and a drafter's late positions are
     rarely accepted, so the full window need not be the best there; on an H200 at batch 1 it is (C_v barely

@@ -172,8 +172,8 @@ def pick_draft_tokens(target, drafter_name: str, prompts, max_new_tokens: int, b
     context = representative_context(prompts[0], continuations[0])
     progress("picking K: timing C_t, C_d and C_v at every K")
     c_t = decode_step_cost(target, context, repeats)
-    windows = {k: ms.load_drafter(drafter_name, target, num_draft_tokens=k)
-               for k in range(1, drafter.num_draft_tokens + 1)}
+    windows = {**{k: ms.load_drafter(drafter_name, target, num_draft_tokens=k)
+                  for k in range(1, drafter.num_draft_tokens)}, drafter.num_draft_tokens: drafter}
     # Every K once per round, the best of the rounds: a shared machine's clock drifts by 10 % and more within a
     # minute, and timing the K one after the other would hand that drift to the pick.
     rounds = [{k: isolated_costs(target, w, context, GREEDY, 2, c_t=c_t) for k, w in windows.items()}

@@ -83,6 +83,36 @@ def test_stored_taps_are_the_live_target_states_and_the_job_resumes(target, tmp_
         taps.TapSet(replies, tmp_path / "elsewhere", "train")
 
 
+def test_a_later_stage_taps_and_reads_only_its_train_shards(target, tmp_path):
+    replies, out = reply_set(tmp_path / "set", shards=4), tmp_path / "taps"
+    taps.build(target, LAYERS, replies, out, train_shards=data.shard_slice("2:"))
+    made = sorted(p.name.split(".")[0] for p in out.glob("*.final.npy"))
+    assert made == [f"heldout-0000{i}" for i in range(4)] + ["train-00002", "train-00003"]  # held out: always all
+    newest = taps.TapSet(replies, out, "train", data.shard_slice("2:"))
+    assert len(newest) == 10 and newest.rows([0]).input_ids[0, 0] == int(data.read_shard(
+        replies / "train-00002.npz")["tokens"][0])
+    with pytest.raises(FileNotFoundError, match=r"train-00000.npz', 'train-00001.npz'\]"):
+        taps.TapSet(replies, out, "train", data.shard_slice("3"))
+    with pytest.raises(FileNotFoundError, match="no train shards 9:"):
+        taps.TapSet(replies, out, "train", data.shard_slice("9:"))
+
+
+@pytest.mark.parametrize("spec, expected", [("6", slice(None, 6)), ("59:", slice(59, None)), ("4:8", slice(4, 8)),
+                                            (":3", slice(None, 3))])
+def test_shard_ranges(spec, expected):
+    assert data.shard_slice(spec) == expected
+
+
+@pytest.mark.parametrize("spec, message", [("", "is N"), (":", "is N"), ("-1", "is N"), ("1:2:3", "is N"),
+                                           ("0", "holds no shard"), ("5:5", "holds no shard"),
+                                           ("9:3", "holds no shard")])
+def test_a_bad_shard_range_is_refused_by_name(spec, message):
+    with pytest.raises(ValueError, match=message):
+        data.shard_slice(spec)
+    with pytest.raises(ValueError, match=message):
+        Settings(train_shards=spec) if spec else data.shard_slice(spec)
+
+
 def test_distillation_from_stored_final_states_equals_the_live_target(target, tmp_path):
     replies, out = reply_set(tmp_path / "set"), tmp_path / "taps"
     taps.build(target, LAYERS, replies, out)
@@ -160,7 +190,7 @@ def test_compare_sets_runs_side_by_side_and_refuses_records_without_tau(tmp_path
     def record(folder, tau, cpu, **settings):
         folder.mkdir()
         s = {"init_from_target": False, "distill": 0.0, "num_layers": 0, "block_size": 0, "num_anchors": 32,
-             "steps": 100, "train_shards": 6} | settings
+             "steps": 100, "train_shards": "6"} | settings
         (folder / "training.json").write_text(json.dumps({
             "settings": s, "parameters": 5, "loss_history_every_10": [70.0, 9.0], "final_train_loss_avg100": 6.0,
             "val_loss": 6.5, "val_weighted_accuracy": 0.1, "val_tau_greedy_blocks": tau, "cpu_seconds": cpu,
@@ -194,6 +224,14 @@ def test_compare_sets_runs_side_by_side_and_refuses_records_without_tau(tmp_path
     assert row["curve"] == [[0.25, 1.05], [0.5, 1.3], [1.5, 1.5]]
     assert row["tau_gain_per_cpu_hour"] == pytest.approx(0.5 / 1.5, abs=1e-3)
     assert row["command"] == "python -m minispec.dflash.train && python -m minispec.dflash.train --init-from init"
+
+    compare.main([str(tmp_path / "stage2"), "--keep", str(tmp_path / "c.json"), "--out", str(tmp_path / "d.json")])
+    again = json.loads((tmp_path / "d.json").read_text())["rows"]
+    assert [r["run"] for r in again] == ["random", "init", "stage2"] and again[:2] == result["rows"]
+    (tmp_path / "init" / "training.json").write_text(json.dumps(second))  # "init" retrained: its row is replaced
+    compare.main([str(tmp_path / "init"), "--keep", str(tmp_path / "d.json"), "--out", str(tmp_path / "e.json")])
+    again = json.loads((tmp_path / "e.json").read_text())["rows"]
+    assert [r["run"] for r in again] == ["random", "init", "stage2"] and again[1]["val_tau"] == 1.5
 
     old = tmp_path / "old"
     old.mkdir()

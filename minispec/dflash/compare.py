@@ -7,6 +7,8 @@ beside its CPU-hours, and (τ − 1) per CPU-hour: what a choice buys for the CP
 it trained (`--eval-every`) brings its curve of held-out τ against CPU-hours, a run continued from another
 (`--init-from`) its stages' CPU-hours, steps and curves added up. Runs are paired when
 they share the data, the seed and the held-out rows; the table names the settings in which they differ.
+`--keep FILE.json` carries the rows of an earlier table over, so that a run retrained on another machine joins the
+runs it was paired with.
 """
 from __future__ import annotations
 
@@ -63,8 +65,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minispec.dflash.compare", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN")
     p.add_argument("--out", type=Path, help="write the rows as JSON here")
+    p.add_argument("--keep", type=Path, help="an earlier --out file: its rows stay, in their order, but for the runs "
+                                             "named again (the folders of runs made on another machine need not be "
+                                             "here); the runs new to it follow")
     a = p.parse_args(argv)
-    rows = [run_row(folder) for folder in a.runs]
+    fresh = {row["run"]: row for row in map(run_row, a.runs)}
+    kept = json.loads(a.keep.read_text())["rows"] if a.keep is not None else []
+    rows = [fresh.pop(row["run"], row) for row in kept] + list(fresh.values())
     for row in rows:
         print("  ".join(f"{k}={v}" for k, v in row.items() if k not in ("command", "curve")))
     if a.out is not None:

@@ -190,6 +190,20 @@ def rows_of(shard: dict[str, np.ndarray]) -> list[np.ndarray]:
     return np.split(shard["tokens"].astype(np.int64), ends[:-1])
 
 
+def shard_slice(spec: str) -> slice:
+    """Which train shards a run reads: "N" the first N, "A:B" shards A to B - 1 (either end may be left out),
+    numbered from 0 as the files are. A later training stage can so take the newest shards without the taps of
+    the ones before them."""
+    text = spec.strip()
+    start, colon, stop = text.rpartition(":") if ":" in text else ("", ":", text)
+    if not all(end.isdigit() for end in (start.strip(), stop.strip()) if end.strip()) or not text.strip(":"):
+        raise ValueError(f"a shard range is N (the first N shards) or A:B (shards A to B - 1), got {spec!r}")
+    first, end = (int(e) if e.strip() else None for e in (start, stop))
+    if end == 0 or first is not None and end is not None and first >= end:
+        raise ValueError(f"the shard range {spec!r} holds no shard")
+    return slice(first, end)
+
+
 def disk_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
 

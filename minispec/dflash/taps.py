@@ -93,10 +93,12 @@ def shard_states(target, layer_ids: list[int], rows: list[np.ndarray]) -> tuple[
 
 
 def build(target, layer_ids: list[int], replies: Path, out: Path, splits=data.SPLITS,
-          max_shards: int | None = None) -> None:
-    """Compute the missing shards' taps of `replies` (a data set folder) into `out`, held-out shards first."""
+          train_shards: slice = slice(None)) -> None:
+    """Compute the missing shards' taps of `replies` (a data set folder) into `out`, held-out shards first (all of
+    them: every run is scored on them), then the train shards `train_shards`."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = [p for split in splits for p in sorted(replies.glob(f"{split}-*.npz"))[:max_shards]]
+    paths = [p for split in splits
+             for p in sorted(replies.glob(f"{split}-*.npz"))[train_shards if split == "train" else slice(None)]]
     if not paths:
         raise FileNotFoundError(f"no reply shards in {replies}: make them with `python -m minispec.dflash.data`")
     todo = [p for p in paths if not (out / f"{p.stem}.final.npy").exists()]
@@ -130,11 +132,13 @@ class Batch:
 class TapSet:
     """The samples of one split of a reply set with their stored taps, read from disk (memory-mapped)."""
 
-    def __init__(self, replies: Path, taps: Path, split: str, max_shards: int | None = None):
-        paths = sorted(Path(replies).glob(f"{split}-*.npz"))[:max_shards]
+    def __init__(self, replies: Path, taps: Path, split: str, shards: slice = slice(None)):
+        paths = sorted(Path(replies).glob(f"{split}-*.npz"))[shards]
+        if not paths:
+            raise FileNotFoundError(f"{replies} holds no {split} shards {shards.start or 0}:{shards.stop or ''}")
         missing = [p.name for p in paths if not (Path(taps) / f"{p.stem}.final.npy").exists()]
-        if not paths or missing:
-            raise FileNotFoundError(f"{taps} lacks the taps of {missing or split + ' shards'}: compute them with "
+        if missing:
+            raise FileNotFoundError(f"{taps} lacks the taps of {missing}: compute them with "
                                     "`python -m minispec.dflash.taps`")
         self.tokens, self.taps, self.final = [], [], []
         self.starts, self.prompt, self.reply, self.temperature, self.first = [], [], [], [], [0]
@@ -205,11 +209,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minispec.dflash.taps", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="smollm2-135m", choices=["smollm2-135m"])
     p.add_argument("--replies", type=Path, help="the reply set (default: minispec/datasets/<target>-sharegpt)")
-    p.add_argument("--shards", type=int, help="only the first N shards of each split (default: all)")
+    p.add_argument("--train-shards", help="only these train shards: N (the first N) or A:B (default: all; the held-out "
+                                          "shards always)")
     p.add_argument("--layers", type=int, nargs="+", help="tapped layers (default: the shipped drafter's)")
     a = p.parse_args(argv)
-    if a.shards is not None and a.shards < 1:
-        p.error(f"--shards must be >= 1, got {a.shards}")
+    try:
+        train_shards = data.shard_slice(a.train_shards) if a.train_shards is not None else slice(None)
+    except ValueError as e:
+        p.error(str(e))
     replies = a.replies or data.DATASETS / f"{a.target}-sharegpt"
     made = json.loads((replies / "dataset.json").read_text())
     target, _ = load_target(a.target, dtype=getattr(torch, made["settings"]["dtype"]))
@@ -219,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
                          f"{a.target}'s ({weights_digest(target)}): its taps would not be the replies' own")
     layers = a.layers or smollm2_dflash_config().target_layer_ids
     out = taps_dir(replies, layers)
-    build(target, layers, replies, out, max_shards=a.shards)
+    build(target, layers, replies, out, train_shards=train_shards)
     print(f"{out}: {sum(f.stat().st_size for f in out.iterdir()) / 1e9:.2f} GB")
 
 

@@ -49,7 +49,7 @@ from tqdm import tqdm
 from minispec import distributed, training
 from minispec.dflash import mask as dmask
 from minispec.dflash.config import bolt_mini_dflash_config, is_dflash_folder, smollm2_dflash_config
-from minispec.dflash.data import DATASETS
+from minispec.dflash.data import DATASETS, shard_slice
 from minispec.dflash.model import DFlashDraftModel, num_parameters
 from minispec.dflash.taps import TapSet, taps_dir
 from minispec.files import cache_dir
@@ -83,7 +83,7 @@ class Settings(training.Settings):
     # "sharegpt": the committed replies to ShareGPT's prompts (`minispec.dflash.data`) with the taps and
     # final hidden states `python -m minispec.dflash.taps` stored (distillation then needs no target forward)
     data: str = "replies"
-    train_shards: int = 0  # "sharegpt": train on the first N train shards only; 0: all
+    train_shards: str = ""  # "sharegpt": train on these train shards only, "N" (the first N) or "A:B"; empty: all
     init_from_target: bool = False  # the target's last layer and final norm, fc scaled per tap feature
     num_layers: int = 0  # drafter layers; 0: the target's drafter config's
     # The drafter's forward and backward in bfloat16 (torch.autocast), its weights and optimizer state in float32:
@@ -94,7 +94,7 @@ class Settings(training.Settings):
 
     BOOKKEEPING = training.Settings.BOOKKEEPING | {"eval_replies", "eval_every"}
     ZERO_ALLOWED = training.Settings.ZERO_ALLOWED | {"greedy_replies", "sampled_replies", "distill", "draft_vocab",
-                                                     "train_shards", "num_layers", "block_size", "eval_every"}
+                                                     "num_layers", "block_size", "eval_every"}
     DATA = ("replies", "sharegpt")
 
     def __post_init__(self):
@@ -105,6 +105,8 @@ class Settings(training.Settings):
             raise ValueError(f"distill is the weight of the soft-label loss, in [0, 1]; got {self.distill}")
         if self.data not in self.DATA:
             raise ValueError(f"data must be one of {self.DATA}, got {self.data!r}")
+        if self.train_shards:
+            shard_slice(self.train_shards)
         if self.tap_layers and not all(part.strip().isdigit() for part in self.tap_layers.split(",")):
             raise ValueError(f"tap_layers is a comma-separated list of layer numbers such as '1,14,27', "
                              f"got {self.tap_layers!r}")
@@ -414,9 +416,11 @@ def main(argv: list[str] | None = None) -> None:
     if s.data == "sharegpt":
         folder = DATASETS / f"{a.target}-sharegpt"
         taps = taps_dir(folder, drafter.config.target_layer_ids)
-        dataset, val = TapSet(folder, taps, "train", s.train_shards or None), TapSet(folder, taps, "heldout")
+        shards = shard_slice(s.train_shards) if s.train_shards else slice(None)
+        dataset, val = TapSet(folder, taps, "train", shards), TapSet(folder, taps, "heldout")
         reply_tokens = dataset.reply_token_ids()
-        train_data = f"{folder.name}: {len(dataset.tokens)} train shards, {len(dataset)} replies"
+        train_data = (f"{folder.name}: {len(dataset.tokens)} train shards ({s.train_shards or 'all'}), "
+                      f"{len(dataset)} replies")
     else:
         if s.init_from_target:
             raise ValueError("init_from_target measures the taps' statistics on stored taps: use --data sharegpt")

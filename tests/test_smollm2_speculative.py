@@ -54,3 +54,27 @@ def test_shipped_drafter_export_round_trip(smollm2, questions, tmp_path):
     b = ms.speculative_generate(model, again, questions[:1], 16)
     assert torch.equal(a.tokens, b.tokens)
     assert [c.accepted for c in a.stats.cycles] == [c.accepted for c in b.stats.cycles]
+
+
+def test_the_walk_through_a_greedy_reply_counts_the_loops_cycles(smollm2, questions):
+    """`train.walk_replies` (the held-out loop tau) reads a block at every position of a greedy reply and walks
+    it as the loop would: it must count the cycles the real loop runs over that reply."""
+    from types import SimpleNamespace
+
+    from minispec.dflash.train import SETTINGS, walk_replies
+
+    model, _ = smollm2
+    drafter = ms.load_drafter(DRAFTER, model)
+    for prompt in questions:
+        spec = ms.speculative_generate(model, drafter, [prompt], 40)
+        reply = spec.tokens[0, : 40]
+        x = torch.cat([torch.as_tensor(prompt), reply])[None]
+        loss_mask = torch.zeros_like(x)
+        loss_mask[0, len(prompt):] = 1
+        with torch.no_grad():
+            features = drafter.model.tap(model(input_ids=x, output_hidden_states=True).hidden_states)
+        b = SimpleNamespace(input_ids=x, loss_mask=loss_mask, features=features)
+        tokens, cycles = walk_replies(drafter.model, b, [0], SETTINGS["smollm2-135m"])
+        loop = [c for c in spec.stats.cycles if c.cycle > 0]
+        assert (tokens, cycles) == (sum(len(c.emitted) for c in loop), len(loop))
+        assert any(c.accepted > 0 for c in loop)  # the walk has drafts to follow, not only corrections

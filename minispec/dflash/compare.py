@@ -2,13 +2,13 @@
 
 Each RUN is the folder `python -m minispec.dflash.train` saved (its training.json records the settings, the
 held-out metrics and the CPU time of the whole process). The table sets each run's first and last training
-loss, held-out loss, weighted accuracy and greedy τ (`mask.acceptance_length` over the held-out replies' blocks)
-beside its CPU-hours, and (τ − 1) per CPU-hour: what a choice buys for the CPU it costs; a run evaluated while
-it trained (`--eval-every`) brings its curve of held-out τ against CPU-hours, a run continued from another
-(`--init-from`) its stages' CPU-hours, steps and curves added up. Runs are paired when
-they share the data, the seed and the held-out rows; the table names the settings in which they differ.
-`--keep FILE.json` carries the rows of an earlier table over, so that a run retrained on another machine joins the
-runs it was paired with.
+loss, held-out loss, weighted accuracy and greedy τ (`mask.acceptance_length` over the held-out replies' blocks;
+beside it the loop's τ walked through those replies, `mask.walk`, for runs that recorded it) beside its
+CPU-hours, and (τ − 1) per CPU-hour: what a choice buys for the CPU it costs; a run evaluated while it trained
+(`--eval-every`) brings its curve of held-out τ against CPU-hours, a run continued from another (`--init-from`)
+its stages' CPU-hours, steps and curves added up. Runs are paired when they share the data, the seed and the
+held-out rows; the table names the settings in which they differ. `--keep FILE.json` carries the rows of an
+earlier table over, so that a run retrained on another machine joins the runs it was paired with.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def run_row(folder: Path) -> dict:
             "parameters": record["parameters"], "first_loss": round(stages[0]["loss_history_every_10"][0], 3),
             "final_train_loss": round(record["final_train_loss_avg100"], 3), "val_loss": round(record["val_loss"], 3),
             "val_accuracy": round(record["val_weighted_accuracy"], 4), "val_tau": round(tau, 3),
+            "val_loop_tau": None if record.get("val_loop_tau") is None else round(record["val_loop_tau"], 3),
             "cpu_hours": round(hours, 3), "tau_gain_per_cpu_hour": round((tau - 1) / hours, 3),
             "curve": curve, "command": " && ".join(stage["command"] for stage in stages)}
 

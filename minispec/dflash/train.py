@@ -271,16 +271,38 @@ def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, loss_mask: tor
     return loss * share, dmask.weighted_accuracy(logits.detach(), labels, weights) * share
 
 
+def walk_replies(drafter: DFlashDraftModel, b, rows: list[int], s: Settings) -> tuple[int, int]:
+    """(tokens, cycles) of the loop's walk (`mask.walk`) through the replies `rows` of a `TapSet` batch: a block at
+    every reply position, one drafter forward per reply."""
+    tokens = cycles = 0
+    for r in rows:
+        reply = b.loss_mask[r].nonzero()[:, 0]
+        P, n = int(reply[0]), int(reply[-1]) + 1
+        anchors = torch.arange(P, n - 1)[None]
+        if anchors.numel() == 0:
+            continue
+        blocks = dmask.make_blocks(b.input_ids[r: r + 1, :n], anchors, torch.ones_like(anchors, dtype=torch.bool),
+                                   drafter.config.block_size, drafter.config.mask_token_id,
+                                   loss_mask=b.loss_mask[r: r + 1, :n], gamma=s.gamma)
+        labels = drafter.to_draft_ids(blocks.labels)
+        runs = dmask.leading_hits(drafter(b.features[r: r + 1, :n], blocks), labels.clamp(min=0),
+                                  blocks.weights * (labels >= 0))
+        t, c = dmask.walk(runs[0].tolist())
+        tokens, cycles = tokens + t, cycles + c
+    return tokens, cycles
+
+
 @torch.no_grad()
 def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor | Replies | TapSet, s: Settings,
              rows: int | None = None) -> dict[str, float]:
     """Mean loss and weighted accuracy over `[n, L]` windows (loss everywhere), `Replies`, or the first `rows`
     samples of a `TapSet` (default: `s.eval_replies`), with fixed anchors (step -1's). On a `TapSet` also
-    `tau`: greedy verification's tau over the blocks of its greedy replies (`mask.acceptance_length`)."""
+    `tau`: greedy verification's tau over the blocks of its greedy replies (`mask.acceptance_length`), and
+    `loop_tau`: the loop's tokens per cycle walked through those replies (`mask.walk`)."""
     drafter.eval()
     if isinstance(windows, TapSet):
         n = min(len(windows), rows or s.eval_replies)
-        losses, accs, taus, blocks = [], [], [], []
+        losses, accs, taus, blocks, walked = [], [], [], [], [0, 0]
         for i in range(0, n, s.batch):
             b = windows.rows(list(range(i, min(i + s.batch, n))))
             seen = {}
@@ -293,8 +315,9 @@ def evaluate(drafter: DFlashDraftModel, target, windows: torch.Tensor | Replies 
                                                  seen["weights"][greedy], seen["blocks"].valid[greedy])
             taus.append(tau * count)
             blocks.append(count)
+            walked = [w + v for w, v in zip(walked, walk_replies(drafter, b, greedy.nonzero()[:, 0].tolist(), s))]
         return {"loss": sum(losses) / len(losses), "accuracy": sum(accs) / len(accs),
-                "tau": sum(taus) / max(sum(blocks), 1)}
+                "tau": sum(taus) / max(sum(blocks), 1), "loop_tau": walked[0] / max(walked[1], 1)}
     if not isinstance(windows, Replies):
         windows = Replies(windows, torch.ones_like(windows))
     losses, accs = [], []
@@ -481,6 +504,7 @@ def main(argv: list[str] | None = None) -> None:
         "val_loss": metrics["loss"],
         "val_weighted_accuracy": metrics["accuracy"],
         "val_tau_greedy_blocks": metrics.get("tau"),
+        "val_loop_tau": metrics.get("loop_tau"),
         "val_data": (f"the first {min(len(val), s.eval_replies)} held-out ShareGPT replies" if s.data == "sharegpt"
                      else f"{len(val)} greedy replies of up to {s.reply_len} tokens to val-split prompts"),
         "loss_history_every_10": [h["loss"] for h in history[::10]],

@@ -130,3 +130,18 @@ def test_window_choice_draws_the_pick():
     assert list(star.get_xdata()) == [2] and list(star.get_ydata()) == [rows[1]["predicted_speedup"]]
     with pytest.raises(ValueError, match="pick_draft_tokens"):
         lessons.window_choice([{"K": 1}])
+
+
+def test_walk_figure_marks_the_visited_positions():
+    runs = [0, 0, 0, 0, 7, 6, 5, 4, 3, 2, 1, 0]
+    fig = lessons.walk_figure([runs, [1, 0]])
+    one, hist = fig.axes
+    every, visited = one.containers
+    assert [b.get_height() for b in every] == [1 + r for r in runs]  # the longest reply
+    assert [round(b.get_x() + b.get_width() / 2) for b in visited] == [0, 1, 2, 3, 4]
+    every, drafted = hist.containers  # shares of tau 1 .. 8 over 14 positions and over 5 + 1 cycles
+    assert [round(b.get_height() * 14) for b in every] == [6, 2, 1, 1, 1, 1, 1, 1]
+    assert [round(b.get_height() * 6) for b in drafted] == [4, 1, 0, 0, 0, 0, 0, 1]
+    assert "14 tokens in 6 cycles" in hist.get_title()
+    with pytest.raises(ValueError, match="at least one reply"):
+        lessons.walk_figure([[]])

@@ -185,10 +185,10 @@ def test_the_walk_visits_the_positions_the_loop_would():
     # Four misses, then a stretch the drafter knows: the loop spends a cycle per miss and one on the stretch,
     # so its tokens per cycle (12 / 5) sit below the mean over uniform anchors (40 / 12).
     runs = [0, 0, 0, 0, 7, 6, 5, 4, 3, 2, 1, 0]
-    assert mask.walk(runs) == (12, 5)
+    assert mask.walk(runs) == [0, 1, 2, 3, 4]  # tau 12 / 5
     assert sum(1 + r for r in runs) / len(runs) == pytest.approx(40 / 12)
-    assert mask.walk([3, 0, 0, 0, 1, 0]) == (6, 2)  # drafts at 0 and 4; the second cycle reaches the end
-    assert mask.walk([5]) == (1, 1) and mask.walk([]) == (0, 0)  # the last cycle's tokens are cut at the end
+    assert mask.walk([3, 0, 0, 0, 1, 0]) == [0, 4]  # the second cycle reaches the end
+    assert mask.walk([5]) == [0] and mask.walk([]) == []
 
 
 def test_compare_sets_runs_side_by_side_and_refuses_records_without_tau(tmp_path):

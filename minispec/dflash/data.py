@@ -243,6 +243,20 @@ def heldout_prompts(folder: Path, n: int) -> list[torch.Tensor]:
                      + ("" if prompts else ": make them with `python -m minispec.dflash.data`"))
 
 
+def heldout_replies(folder: Path, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first `n` greedy held-out samples in `folder`, each (prompt [P], reply [R]): the target's own greedy
+    replies to prompts no drafter trains on."""
+    pairs = []
+    for path in sorted(Path(folder).glob("heldout-*.npz")):
+        shard = read_shard(path)
+        pairs += [(torch.from_numpy(row[:P]), torch.from_numpy(row[P:]))
+                  for row, P, T in zip(rows_of(shard), shard["prompt_lengths"].tolist(), shard["temperatures"])
+                  if T == 0]
+        if len(pairs) >= n:
+            return pairs[:n]
+    raise ValueError(f"{folder} holds {len(pairs)} greedy held-out replies, fewer than the {n} asked for")
+
+
 def check_manifest(folder: Path, expected: dict) -> dict:
     """The folder's dataset.json, or a fresh one; an error if it was made with other settings or target."""
     path = folder / "dataset.json"

@@ -192,16 +192,17 @@ def leading_hits(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tens
     return hit[..., 1:].long().cumprod(dim=-1).sum(dim=-1)
 
 
-def walk(runs: list[int]) -> tuple[int, int]:
-    """(tokens, cycles) of greedy verification through one reply, given the leading hits `runs[i]` of a block
-    anchored at EVERY reply position i = 0 .. N-1 (the reply's first token to the one before its last).
+def walk(runs: list[int]) -> list[int]:
+    """The positions greedy verification drafts at in one reply, given the leading hits `runs[i]` of a block
+    anchored at EVERY reply position i = 0 .. N-1 (the reply's first token to the one before its last). The
+    loop's tau over the reply is N / len(walk(runs)): tokens per cycle.
 
     The loop does not visit positions uniformly: it drafts at the first token, accepts runs[0] drafts, adds one
     token of its own and drafts next at runs[0] + 1, and so on. A stretch the drafter gets wrong costs a cycle per
-    token and an easy one few cycles in all, so the loop's tau = tokens / cycles sits below the mean of
-    `acceptance_length` over uniformly drawn anchors (a harmonic-type mean against an arithmetic one)."""
-    a = cycles = 0
+    token and an easy one few cycles in all, so the loop's tau sits below the mean of `acceptance_length` over
+    uniformly drawn anchors (a harmonic-type mean against an arithmetic one)."""
+    visited, a = [], 0
     while a < len(runs):
+        visited.append(a)
         a += runs[a] + 1
-        cycles += 1
-    return min(a, len(runs)), cycles
+    return visited

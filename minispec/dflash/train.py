@@ -271,24 +271,31 @@ def step_loss(drafter: DFlashDraftModel, target, x: torch.Tensor, loss_mask: tor
     return loss * share, dmask.weighted_accuracy(logits.detach(), labels, weights) * share
 
 
+@torch.no_grad()
+def reply_runs(drafter: DFlashDraftModel, input_ids: torch.Tensor, loss_mask: torch.Tensor, features: torch.Tensor,
+               gamma: float | None = None) -> list[int]:
+    """The leading hits (`mask.leading_hits`) of a block anchored at every position of one reply, from its first
+    token to the one before its last: what `mask.walk` walks. input_ids, loss_mask [1, S] (1 on the reply),
+    features [1, S, F] (the target's taps), in one drafter forward."""
+    reply = loss_mask[0].nonzero()[:, 0]
+    P, n = int(reply[0]), int(reply[-1]) + 1
+    anchors = torch.arange(P, n - 1)[None]
+    if anchors.numel() == 0:
+        return []
+    blocks = dmask.make_blocks(input_ids[:, :n], anchors, torch.ones_like(anchors, dtype=torch.bool),
+                               drafter.config.block_size, drafter.config.mask_token_id, loss_mask=loss_mask[:, :n],
+                               gamma=gamma)
+    labels = drafter.to_draft_ids(blocks.labels)
+    runs = dmask.leading_hits(drafter(features[:, :n], blocks), labels.clamp(min=0), blocks.weights * (labels >= 0))
+    return runs[0].tolist()
+
+
 def walk_replies(drafter: DFlashDraftModel, b, rows: list[int], s: Settings) -> tuple[int, int]:
-    """(tokens, cycles) of the loop's walk (`mask.walk`) through the replies `rows` of a `TapSet` batch: a block at
-    every reply position, one drafter forward per reply."""
+    """(tokens, cycles) of the loop's walk (`mask.walk`) through the replies `rows` of a `TapSet` batch."""
     tokens = cycles = 0
     for r in rows:
-        reply = b.loss_mask[r].nonzero()[:, 0]
-        P, n = int(reply[0]), int(reply[-1]) + 1
-        anchors = torch.arange(P, n - 1)[None]
-        if anchors.numel() == 0:
-            continue
-        blocks = dmask.make_blocks(b.input_ids[r: r + 1, :n], anchors, torch.ones_like(anchors, dtype=torch.bool),
-                                   drafter.config.block_size, drafter.config.mask_token_id,
-                                   loss_mask=b.loss_mask[r: r + 1, :n], gamma=s.gamma)
-        labels = drafter.to_draft_ids(blocks.labels)
-        runs = dmask.leading_hits(drafter(b.features[r: r + 1, :n], blocks), labels.clamp(min=0),
-                                  blocks.weights * (labels >= 0))
-        t, c = dmask.walk(runs[0].tolist())
-        tokens, cycles = tokens + t, cycles + c
+        runs = reply_runs(drafter, b.input_ids[r: r + 1], b.loss_mask[r: r + 1], b.features[r: r + 1], s.gamma)
+        tokens, cycles = tokens + len(runs), cycles + len(dmask.walk(runs))
     return tokens, cycles
 
 

@@ -190,6 +190,59 @@ def window_choice(rows: Sequence[Mapping]):
     return fig
 
 
+def reply_walk(target, drafter: DFlashDrafter, prompt: torch.Tensor, reply: torch.Tensor) -> list[int]:
+    """The leading hits of a block anchored at every position of `reply` [R], the target's greedy reply to
+    `prompt` [P] (`minispec.dflash.train.reply_runs`): one target forward for the taps, one drafter forward."""
+    from minispec.dflash.train import reply_runs
+
+    x = torch.cat([prompt, reply])[None]
+    loss_mask = torch.zeros_like(x)
+    loss_mask[0, len(prompt):] = 1
+    with torch.no_grad():
+        features = drafter.model.tap(target(input_ids=x, output_hidden_states=True).hidden_states)
+    return reply_runs(drafter.model, x, loss_mask, features)
+
+
+def walk_figure(walks: Sequence[Sequence[int]], first: int = 64):
+    """Blocks at every position of greedy replies (`reply_walk`, one list per reply) against the blocks the loop
+    drafts (`mask.walk`: each cycle starts where the last one stopped). Left: the first `first` positions of the
+    longest reply, each bar the τ a cycle drafting there would get (1 + its leading hits), the loop's in green.
+    Right: how often each τ occurs at every position and where the loop drafts. A hard stretch costs the loop a
+    cycle per token and an easy one is crossed in a few, so τ = 1 blocks are over-represented among its cycles and
+    its τ (tokens per cycle) sits below the mean over every position."""
+    walks = [list(runs) for runs in walks if runs]
+    if not walks:
+        raise ValueError("walk_figure needs the runs of at least one reply of two tokens or more")
+    plt = _plt()
+    visits = [dmask.walk(runs) for runs in walks]
+    every = [1 + r for runs in walks for r in runs]
+    drafted = [1 + runs[i] for runs, seen in zip(walks, visits) for i in seen]
+    fig, (one, hist) = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw={"width_ratios": [1.6, 1]})
+    runs, seen = max(zip(walks, visits), key=lambda pair: len(pair[0]))
+    shown = range(min(first, len(runs)))
+    one.bar(shown, [1 + runs[i] for i in shown], width=0.9, color="0.8", label="τ of a block drafted there")
+    here = [i for i in seen if i < len(shown)]
+    one.bar(here, [1 + runs[i] for i in here], width=0.9, color="#31a354", label="where the loop drafts")
+    one.set_xlabel("reply position")
+    one.set_ylabel("τ = 1 + leading hits")
+    one.set_title(f"the first {len(shown)} positions of one held-out reply")
+    one.legend(fontsize=8, loc="upper right")
+    width = max(every)
+    bins = range(1, width + 1)
+    for shift, taus, colour, name in ((-0.2, every, "0.6", "at every position"),
+                                      (0.2, drafted, "#31a354", "where the loop drafts")):
+        hist.bar([b + shift for b in bins], [taus.count(b) / len(taus) for b in bins], width=0.4, color=colour,
+                 label=f"{name}: mean τ {sum(taus) / len(taus):.2f}")
+    hist.set_xticks(list(bins))
+    hist.set_xlabel("τ of the block")
+    hist.set_ylabel("share of blocks")
+    hist.set_title(f"{len(walks)} replies: the loop, {len(every)} tokens in {len(drafted)} cycles "
+                   f"(τ {len(every) / len(drafted):.2f})", fontsize=10)
+    hist.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
 def verify_draws(p: torch.Tensor, q: torch.Tensor, rule: str, n: int = 40_000,
                  seed: int = 0) -> tuple[torch.Tensor, float]:
     """One verify step drawn n times: (distribution of the first emitted token [V], acceptance rate).

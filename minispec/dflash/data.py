@@ -194,11 +194,10 @@ def shard_slice(spec: str) -> slice:
     """Which train shards a run reads: "N" the first N, "A:B" shards A to B - 1 (either end may be left out),
     numbered from 0 as the files are. A later training stage can so take the newest shards without the taps of
     the ones before them."""
-    text = spec.strip()
-    start, colon, stop = text.rpartition(":") if ":" in text else ("", ":", text)
-    if not all(end.isdigit() for end in (start.strip(), stop.strip()) if end.strip()) or not text.strip(":"):
+    ends = [e.strip() for e in (spec.split(":", 1) if ":" in spec else ("", spec))]
+    if not any(ends) or not all(e.isdigit() for e in ends if e):
         raise ValueError(f"a shard range is N (the first N shards) or A:B (shards A to B - 1), got {spec!r}")
-    first, end = (int(e) if e.strip() else None for e in (start, stop))
+    first, end = (int(e) if e else None for e in ends)
     if end == 0 or first is not None and end is not None and first >= end:
         raise ValueError(f"the shard range {spec!r} holds no shard")
     return slice(first, end)

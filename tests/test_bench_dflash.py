@@ -149,6 +149,26 @@ def test_identical_compares_up_to_the_ar_length():
     assert not bench.identical([torch.tensor([5, 7, 1])], ar)
 
 
+def test_methods_take_turns_and_each_keeps_its_faster_pass(monkeypatch):
+    """A warm-up per method, then rounds in which every method decodes the whole set: a slow stretch of the
+    machine's clock falls on every method, not on whichever was timed first."""
+    calls = []
+
+    def decoder(name):
+        def decode(prompt):
+            calls.append((name, int(prompt[0])))
+            return bench.Decoded(prompt.clone(), len(prompt), [])
+        return decode
+
+    clock = iter([3.0, 2.0, 1.0, 4.0])  # pass 1: a 3 s, b 2 s; pass 2: a 1 s, b 4 s
+    monkeypatch.setattr(bench, "timed", lambda fn, repeats, warmup: (next(clock), fn()))
+    runs = bench.timed_sets({"a": decoder("a"), "b": decoder("b")}, [torch.tensor([1, 5]), torch.tensor([2])])
+    warmup, one_pass = [("a", 1), ("b", 1)], [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    assert calls == warmup + one_pass + one_pass
+    assert (runs["a"].seconds, runs["b"].seconds) == (1.0, 2.0)
+    assert runs["a"].tokens_per_s == 3.0 and runs["a"].forwards == 3 and runs["a"].tau == 1.0
+
+
 @pytest.fixture(scope="module")
 def target():
     return ms.load_target("bolt-mini")[0]

@@ -10,11 +10,12 @@
    frozen stdlib eval set for bolt-mini); beside them the argmax ceiling, the best tau any ARGMAX drafter
    could reach there. Sampled drafts are not bound by it.
 2. Wall clock at batch 1 on the first `--prompts` of those prompts, one after the other, every method in
-   the same process on the same prompts with the same max_new_tokens: plain decoding, minispec's n-gram
-   drafter and DFlash, and Hugging Face's own `generate`: greedy, prompt-lookup decoding
-   (`prompt_lookup_num_tokens=K`) and assisted decoding with the target's draft LM where it has one
-   (bolt-mini: bolt-nano; smollm2-135m has none). Every drafter drafts the DFlash drafter's K tokens;
-   `--draft-tokens` adds DFlash rows at other K (a verify window of K + 1 tokens is not free on a CPU).
+   the same process on the same prompts with the same max_new_tokens, the methods taking turns pass by pass
+   (`timed_sets`): plain decoding, minispec's n-gram drafter and DFlash, and Hugging Face's own `generate`:
+   greedy, prompt-lookup decoding (`prompt_lookup_num_tokens=K`) and assisted decoding with the target's
+   draft LM where it has one (bolt-mini: bolt-nano; smollm2-135m has none). Every drafter drafts the DFlash
+   drafter's K tokens; `--draft-tokens` adds DFlash rows at other K (a verify window of K + 1 tokens is not
+   free on a CPU).
    At T = 0 every output is compared with minispec's plain decoding: identical when its first n tokens are
    the n tokens plain decoding emitted (an EOS included); Hugging Face's `generate` may stop or pad
    differently after them. Hugging Face's rows are run at T = 0 only.
@@ -193,9 +194,17 @@ def pick_draft_tokens(target, drafter_name: str, prompts, max_new_tokens: int, b
 # --- wall clock and the cost model --------------------------------------------------------------------------
 
 @dataclass
+class Decoded:
+    """One prompt decoded at batch 1."""
+    tokens: torch.Tensor  # the new tokens [n]
+    forwards: int  # target forwards, the prefill included
+    cycles: list  # minispec's speculative cycle records (`SpecStats`); empty for every other method
+
+
+@dataclass
 class Run:
     """One method over the timing prompts at batch 1."""
-    seconds: float  # wall time of the whole set, once, after a warm-up on its first prompt
+    seconds: float  # wall time of the whole set, once (the faster of `timed_sets`' passes)
     outputs: list[torch.Tensor]  # per prompt, the new tokens [n_i]
     forwards: int  # target forwards, prefills included
     tau: float
@@ -204,50 +213,67 @@ class Run:
     def tokens_per_s(self) -> float:
         return sum(len(o) for o in self.outputs) / self.seconds
 
+    @classmethod
+    def of(cls, seconds: float, decoded: list[Decoded]) -> Run:
+        """minispec's tau is `SpecStats.tau` over every verification; any other method's is new tokens per
+        target forward (1 for plain decoding)."""
+        outputs, forwards = [d.tokens for d in decoded], sum(d.forwards for d in decoded)
+        cycles = [c for d in decoded for c in d.cycles]
+        tau = SpecStats(cycles).tau if cycles else sum(len(o) for o in outputs) / forwards
+        return cls(seconds, outputs, forwards, tau)
 
-def timed_set(generate, prompts) -> tuple[float, list]:
-    """(seconds, outputs) of `generate` on every prompt in turn: one warm-up on the first prompt, then the
-    whole set timed twice, the faster pass kept (a shared machine's clock can slow a whole pass by 15 %)."""
-    generate(prompts[0])
-    return timed(lambda: [generate(p) for p in prompts], 2, warmup=0)
+
+def timed_sets(methods: dict, prompts, passes: int = 2) -> dict[str, Run]:
+    """Every method of `methods` ({name: decode(prompt) -> Decoded}) over every prompt, as a `Run` per name.
+
+    Each method is warmed up on the first prompt, then the methods take turns: in each of `passes` rounds every
+    method decodes the whole set once, and its faster pass is kept. Taking turns matters on a shared machine,
+    whose clock can drift by 15 % within minutes: timed one after the other, the method that ran first
+    would carry the slow minutes alone; interleaved, every method meets the same ones.
+    """
+    for decode in methods.values():
+        decode(prompts[0])
+    best = {name: (float("inf"), None) for name in methods}
+    for _ in range(passes):
+        for name, decode in methods.items():
+            seconds, decoded = timed(lambda decode=decode: [decode(p) for p in prompts], 1, warmup=0)
+            if seconds < best[name][0]:
+                best[name] = (seconds, decoded)
+    return {name: Run.of(seconds, decoded) for name, (seconds, decoded) in best.items()}
 
 
-def run_minispec(target, drafter, prompts, max_new_tokens: int, temperature: float, seed: int = 0) -> Run:
-    """minispec's speculative decoding with `drafter`, or plain decoding when `drafter` is None."""
-    def generate(prompt):
+def minispec_decoder(target, drafter, max_new_tokens: int, temperature: float, seed: int = 0):
+    """decode(prompt) -> Decoded: minispec's speculative decoding with `drafter`, or plain decoding when
+    `drafter` is None."""
+    def decode(prompt):
         generator = torch.Generator().manual_seed(seed)
         if drafter is None:
-            return ms.autoregressive_generate(target, prompt, max_new_tokens, temperature=temperature,
-                                              generator=generator)
-        return ms.speculative_generate(target, drafter, prompt, max_new_tokens, temperature=temperature,
-                                       generator=generator)
+            out = ms.autoregressive_generate(target, prompt, max_new_tokens, temperature=temperature,
+                                             generator=generator)
+            tokens = out.tokens[0, : int(out.lengths[0])]
+            return Decoded(tokens, len(tokens), [])  # one forward per token, the prefill's included
+        out = ms.speculative_generate(target, drafter, prompt, max_new_tokens, temperature=temperature,
+                                      generator=generator)
+        cycles = out.stats.cycles
+        return Decoded(out.tokens[0, : int(out.lengths[0])], len(SpecStats(cycles).verifications) + 1, cycles)
 
-    seconds, outs = timed_set(generate, prompts)
-    outputs = [o.tokens[0, : int(o.lengths[0])] for o in outs]
-    if drafter is None:
-        return Run(seconds, outputs, sum(len(o) for o in outputs), 1.0)  # one forward per token, prefill included
-    stats = SpecStats([c for o in outs for c in o.stats.cycles])
-    return Run(seconds, outputs, len(stats.verifications) + len(prompts), stats.tau)
+    return decode
 
 
-def run_hf(target, prompts, max_new_tokens: int, **generate_kwargs) -> Run:
-    """Hugging Face's greedy `model.generate`, its target forwards counted by a forward hook."""
-    forwards = []
+def hf_decoder(target, max_new_tokens: int, **generate_kwargs):
+    """decode(prompt) -> Decoded: Hugging Face's greedy `model.generate`, its target forwards counted by a
+    forward hook held for that call only."""
+    def decode(prompt):
+        forwards, ids = [], prompt[None]
+        hook = target.register_forward_hook(lambda *_: forwards.append(1))
+        try:
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=max_new_tokens, **generate_kwargs)
+        finally:
+            hook.remove()
+        return Decoded(out[0, len(prompt):], len(forwards), [])
 
-    def generate(prompt):
-        before, ids = len(forwards), prompt[None]
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                              max_new_tokens=max_new_tokens, **generate_kwargs)
-        return out[0, len(prompt):], len(forwards) - before
-
-    hook = target.register_forward_hook(lambda *_: forwards.append(1))
-    try:
-        seconds, outs = timed_set(generate, prompts)
-    finally:
-        hook.remove()
-    n_forwards = sum(n for _, n in outs)
-    outputs = [o for o, _ in outs]
-    return Run(seconds, outputs, n_forwards, sum(len(o) for o in outputs) / n_forwards)
+    return decode
 
 
 def hf_prompt_lookup_cost(target, context: torch.Tensor, K: int, max_new_tokens: int, repeats: int) -> float:
@@ -285,11 +311,12 @@ def timing_row(method: str, run: Run, baseline: Run, baseline_name: str, parts: 
 
 def side_by_side(target, drafter, prompts, max_new_tokens: int, temperature: float, seed: int = 0,
                  repeats: int = 5) -> dict:
-    """Batch 1, prompt after prompt: plain decoding, then speculative decoding with `drafter`; one row: tau,
-    both tokens/s, the measured speedup beside the prediction from isolated C_t, C_d and C_v, and the loop's
-    overhead."""
-    ar = run_minispec(target, None, prompts, max_new_tokens, temperature, seed)
-    spec = run_minispec(target, drafter, prompts, max_new_tokens, temperature, seed)
+    """Batch 1, prompt after prompt: plain decoding and speculative decoding with `drafter`, taking turns
+    (`timed_sets`); one row: tau, both tokens/s, the measured speedup beside the prediction from isolated C_t,
+    C_d and C_v, and the loop's overhead."""
+    runs = timed_sets({"ar": minispec_decoder(target, None, max_new_tokens, temperature, seed),
+                       "spec": minispec_decoder(target, drafter, max_new_tokens, temperature, seed)}, prompts)
+    ar, spec = runs["ar"], runs["spec"]
     parts = isolated_costs(target, drafter, representative_context(prompts[0], ar.outputs[0]),
                            Sampling(temperature), repeats, seed)
     return {"ar_tokens_per_s": round(ar.tokens_per_s, 1),
@@ -299,40 +326,46 @@ def side_by_side(target, drafter, prompts, max_new_tokens: int, temperature: flo
 
 def timing_rows(target, drafters: dict, prompts, max_new_tokens: int, temperature: float, draft_lm=None,
                 repeats: int = 5, progress=print) -> list[dict]:
-    """Every method at batch 1 on the same prompts (see the module docstring). `drafters`: minispec drafters by
-    method name, "ngram" among them; `draft_lm`: the causal LM for Hugging Face's assisted decoding, or None."""
+    """Every method at batch 1 on the same prompts, taking turns (`timed_sets`; see the module docstring).
+    `drafters`: minispec drafters by method name, "ngram" among them; `draft_lm`: the causal LM for Hugging
+    Face's assisted decoding, or None."""
     K = drafters["ngram"].num_draft_tokens  # what Hugging Face's prompt lookup drafts
-    progress(f"timing T = {temperature}: autoregressive")
-    ar = run_minispec(target, None, prompts, max_new_tokens, temperature)
+    decoders = {"autoregressive": minispec_decoder(target, None, max_new_tokens, temperature)}
+    decoders.update({method: minispec_decoder(target, drafter, max_new_tokens, temperature)
+                     for method, drafter in drafters.items()})
+    if temperature == 0:
+        decoders["HF generate greedy"] = hf_decoder(target, max_new_tokens)
+        decoders["HF prompt lookup"] = hf_decoder(target, max_new_tokens, prompt_lookup_num_tokens=K)
+        if draft_lm is not None:
+            draft_lm.generation_config.num_assistant_tokens = K
+            draft_lm.generation_config.num_assistant_tokens_schedule = "constant"
+            decoders["HF assisted decoding"] = hf_decoder(target, max_new_tokens, assistant_model=draft_lm)
+    progress(f"timing T = {temperature}: {', '.join(decoders)}, taking turns")
+    runs = timed_sets(decoders, prompts)
+    ar = runs["autoregressive"]
     context = representative_context(prompts[0], ar.outputs[0])
+    progress(f"timing T = {temperature}: the cost model's parts, each alone")
     plain = plain_decoding_costs(target, context, repeats)
     rows = [timing_row("autoregressive", ar, ar, "autoregressive", plain, temperature, 0, ar)]
     parts = {}
     for method, drafter in drafters.items():
-        progress(f"timing T = {temperature}: {method}")
-        run = run_minispec(target, drafter, prompts, max_new_tokens, temperature)
         parts[method] = isolated_costs(target, drafter, context, Sampling(temperature), repeats, c_t=plain.c_t)
-        rows.append(timing_row(method, run, ar, "autoregressive", parts[method], temperature,
+        rows.append(timing_row(method, runs[method], ar, "autoregressive", parts[method], temperature,
                                drafter.num_draft_tokens, ar))
     if temperature != 0:
         return rows
-    progress(f"timing T = {temperature}: HF generate, greedy")
-    greedy = run_hf(target, prompts, max_new_tokens)
+    greedy = runs["HF generate greedy"]
     rows.append(timing_row("HF generate greedy", greedy, greedy, "HF greedy", plain, 0.0, 0, ar))
-    progress(f"timing T = {temperature}: HF prompt lookup")
-    lookup = run_hf(target, prompts, max_new_tokens, prompt_lookup_num_tokens=K)
     # The verify forward is the target's over K + 1 tokens, as timed for minispec's n-gram drafter: an upper
     # bound, since Hugging Face verifies only the candidates it found (none when nothing matches).
     lookup_parts = CycleCosts(plain.c_t, hf_prompt_lookup_cost(target, context, K, max_new_tokens, repeats),
                               parts["ngram"].c_v)
-    rows.append(timing_row("HF prompt lookup", lookup, greedy, "HF greedy", lookup_parts, 0.0, K, ar))
+    rows.append(timing_row("HF prompt lookup", runs["HF prompt lookup"], greedy, "HF greedy", lookup_parts, 0.0,
+                           K, ar))
     if draft_lm is not None:
-        progress(f"timing T = {temperature}: HF assisted decoding")
-        draft_lm.generation_config.num_assistant_tokens = K
-        draft_lm.generation_config.num_assistant_tokens_schedule = "constant"
-        assisted = run_hf(target, prompts, max_new_tokens, assistant_model=draft_lm)
         # Its drafting runs inside `generate`; it is not timed alone, so there is no prediction for it.
-        rows.append(timing_row("HF assisted decoding", assisted, greedy, "HF greedy", None, 0.0, K, ar))
+        rows.append(timing_row("HF assisted decoding", runs["HF assisted decoding"], greedy, "HF greedy", None,
+                               0.0, K, ar))
     return rows
 
 

@@ -115,6 +115,30 @@ def test_shared_head_is_the_targets_head_with_softcapping():
     assert not torch.allclose(F.linear(final, target.lm_head.weight), out.logits, atol=1e-1)
 
 
+def test_draft_head_is_gathered_once_and_again_when_head_or_vocabulary_change():
+    """At inference the shared head's draft-vocabulary rows are kept between drafts; changing the target's head
+    in place, or the draft vocabulary, gathers them again; with gradients on they are gathered every call,
+    so gradients reach the head."""
+    target = tiny_gemma(layers=6, window=16, seed=2)
+    model = DFlashDraftModel.for_target(small_config(target, draft_vocab_size=64), target)
+    model.set_draft_vocab(torch.arange(4, 68))
+    head = target.get_output_embeddings().weight
+
+    def expected():
+        return head.detach()[model.draft_vocab()]
+
+    with torch.no_grad():
+        first = model.head_weight()
+        assert torch.equal(first, expected()) and model.head_weight() is first  # kept
+        head.mul_(2.0)
+        assert torch.equal(model.head_weight(), expected())  # the head changed in place: gathered again
+        model.set_draft_vocab(torch.arange(100, 164))
+        assert torch.equal(model.head_weight(), expected())  # another vocabulary
+    head.requires_grad_(True)
+    model.output_logits(torch.randn(3, 64)).sum().backward()
+    assert head.grad is not None and head.grad[100:164].abs().sum() > 0 and head.grad[:100].abs().sum() == 0
+
+
 # --- training mode = inference mode -------------------------------------------------------------------
 
 def training_blocks(ids, num_anchors=5, T=8, seed=0, pad_last=True):

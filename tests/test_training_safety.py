@@ -287,3 +287,20 @@ def test_evalset_writes_into_the_user_cache_unless_told(cache, monkeypatch, tmp_
     evalset.main(["score", "bolt-nano", "--out", str(copy)])  # a model's folder keeps its other files
     assert {p.name for p in copy.iterdir()} == {p.name for p in (CHECKPOINTS / "bolt-nano").iterdir()} | {"SHA256SUMS"}
     assert json.loads((copy / "eval.json").read_text())["command"].endswith(f"--out {copy}")
+
+
+def test_tokenizing_the_corpus_warns_about_nothing(tmp_path, monkeypatch, capfd):
+    """A file longer than the tokenizer's model_max_length is tokenized whole and cut into windows later: no
+    "sequence length is longer than the specified maximum" warning on stderr, where a notebook shows it."""
+    from transformers import AutoTokenizer
+
+    from minispec.targets.load import CHECKPOINTS
+
+    tok = AutoTokenizer.from_pretrained(CHECKPOINTS / "tokenizer")
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
+    long_text = "def f(x):\n    return x + 1\n" * tok.model_max_length
+    monkeypatch.setattr(data.corpus, "iter_files", lambda split: [type("F", (), {"text": long_text})()])
+    monkeypatch.setattr(data.corpus, "data_hash", lambda files: "0" * 16)
+    stream = data.token_stream("val", tok)
+    assert len(stream) > tok.model_max_length
+    assert "longer than the specified maximum" not in capfd.readouterr().err

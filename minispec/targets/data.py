@@ -21,7 +21,9 @@ def token_stream(split: str, tokenizer) -> torch.Tensor:
     ids: list[int] = []
     for f in files:
         ids.append(tokenizer.bos_token_id)
-        ids.extend(tokenizer(f.text)["input_ids"])
+        # A whole file is longer than the model's context; it is cut into windows later, so the tokenizer's
+        # warning about too-long sequences would only alarm a notebook reader.
+        ids.extend(tokenizer(f.text, verbose=False)["input_ids"])
         ids.append(tokenizer.eos_token_id)
     arr = np.asarray(ids, dtype=np.int16 if tokenizer.vocab_size < 2**15 else np.int32)
     path.parent.mkdir(parents=True, exist_ok=True)
